@@ -1,0 +1,132 @@
+"""The local stack's configuration: a TOML profile, then ``FLYWHEEL_*`` variables, then flags.
+
+Precedence is the usual one: ``deploy/profiles/<name>.toml`` < environment
+(``FLYWHEEL_GATEWAY__PORT=8001``, nested keys joined by ``__``) < ``--set gateway.port=8001``.
+This is the only module that reads the environment for configuration; every process gets its
+resolved part as JSON from the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from serve.config import Deployment, GatewayConfig, ModelRoute
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+
+
+class FrontendConfig(BaseModel):
+    port: int = 8100
+    router_mode: Literal["kv", "round-robin", "random"] = "kv"
+
+
+class WorkerConfig(BaseModel):
+    count: int = 1
+    served_model_name: str = "tiny"
+    max_model_len: int = 2048
+    kv_cache_gib: int = Field(1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB only)")
+    enforce_eager: bool = Field(False, description="skip torch.compile: ~20 s faster start, slower decode")
+    system_port_base: int = Field(8200, description="worker i serves its admin API on base + i")
+    nixl_port_base: int = 5600
+    block_size: int = 16
+    max_lora_rank: int = 16
+    max_loras: int = 2
+
+
+class StackConfig(BaseModel):
+    profile: str = "local"
+    home: str = Field(".flywheel", description="run dir, models and traces live under here")
+    model_dir: str | None = Field(None, description="defaults to <home>/models/tiny")
+    seed: int = 0
+    frontend: FrontendConfig = FrontendConfig()
+    worker: WorkerConfig = WorkerConfig()
+    gateway: GatewayConfig = GatewayConfig()
+    start_timeout_s: float = 300.0
+
+    @property
+    def home_path(self) -> Path:
+        return Path(self.home).resolve()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home_path / "run"
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.model_dir).resolve() if self.model_dir else self.home_path / "models" / "tiny"
+
+    @property
+    def traces_path(self) -> Path:
+        return self.home_path / "traces"
+
+    @property
+    def frontend_url(self) -> str:
+        return f"http://127.0.0.1:{self.frontend.port}"
+
+    def worker_admin_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.worker.system_port_base + i}"
+
+    def resolved_gateway(self) -> GatewayConfig:
+        """The gateway's config with the local deployment and default alias filled in."""
+        gw = self.gateway.model_copy(deep=True)
+        gw.traces_dir = str(self.traces_path)
+        if not gw.deployments:
+            gw.deployments = [Deployment(
+                name="local", url=self.frontend_url,
+                admin_urls=[self.worker_admin_url(i) for i in range(self.worker.count)])]
+        if not gw.models:
+            name = self.worker.served_model_name
+            gw.models = {name: ModelRoute(deployment=gw.deployments[0].name, upstream_model=name)}
+        return gw
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _nested(dotted: str, value) -> dict:
+    out: dict = {}
+    cur = out
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def load_config(profile: str = "local", overrides: list[str] | None = None,
+                environ: dict[str, str] | None = None) -> StackConfig:
+    """Resolve the stack config. ``overrides`` are ``dotted.key=value`` strings (value as JSON
+    when it parses, else a string)."""
+    path = Path(profile) if profile.endswith(".toml") else PROFILES_DIR / f"{profile}.toml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.toml")))
+        raise ValueError(f"unknown profile {profile!r} (known: {known})")
+    data = tomllib.loads(path.read_text())
+    env = os.environ if environ is None else environ
+    for key, value in sorted(env.items()):
+        if key.startswith("FLYWHEEL_") and key not in ("FLYWHEEL_PROFILE", "FLYWHEEL_VENV"):
+            dotted = key.removeprefix("FLYWHEEL_").lower().replace("__", ".")
+            data = _deep_merge(data, _nested(dotted, _parse_value(value)))
+    for item in overrides or []:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key.path=value")
+        dotted, value = item.split("=", 1)
+        data = _deep_merge(data, _nested(dotted.strip(), _parse_value(value)))
+    return StackConfig.model_validate(data)

@@ -1,0 +1,144 @@
+"""`flywheel up / status / down`: the local stack as processes under one run directory.
+
+Order: Dynamo frontend (KV router, file discovery) -> dynamo.vllm workers -> gateway. Each step
+waits for health with a progress display; if a process dies, the launcher stops what it started
+and shows that process's log tail.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from deploy.config import StackConfig
+from deploy.processes import Component, ProcessManager, StartError
+
+console = Console(stderr=True)
+
+
+def dynamo_env(cfg: StackConfig) -> dict[str, str]:
+    """Dynamo without etcd/NATS: file discovery, TCP requests, ZMQ events, all on loopback."""
+    run = cfg.run_dir
+    return {
+        "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(run / "discovery"),
+        "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq",
+        "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1", "DYN_SYSTEM_HOST": "127.0.0.1",
+        "HOME": str(run / "home"),  # Dynamo caches under $HOME/.cache/dynamo
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _model_listed(name: str):
+    def check(resp: httpx.Response) -> bool:
+        return any(m.get("id") == name for m in resp.json().get("data", []))
+    return check
+
+
+def components(cfg: StackConfig) -> list[Component]:
+    py, w = sys.executable, cfg.worker
+    env = dynamo_env(cfg)
+    comps = [Component(
+        name="frontend",
+        argv=[py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
+              "--http-port", str(cfg.frontend.port), "--router-mode", cfg.frontend.router_mode,
+              "--kv-cache-block-size", str(w.block_size)],
+        env=env, health_url=f"{cfg.frontend_url}/health", ports=[cfg.frontend.port])]
+    for i in range(w.count):
+        system_port = w.system_port_base + i
+        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
+                     "endpoint": f"ipc://{cfg.run_dir}/kv-events-{i}.ipc"}
+        argv = [py, "-m", "dynamo.vllm", "--model", str(cfg.model_path),
+                "--served-model-name", w.served_model_name, "--max-model-len", str(w.max_model_len),
+                "--dtype", "bfloat16", "--block-size", str(w.block_size),
+                "--enable-prefix-caching", "--kv-events-config", json.dumps(kv_events),
+                "--enable-lora", "--max-lora-rank", str(w.max_lora_rank),
+                "--max-loras", str(w.max_loras)]
+        if w.enforce_eager:
+            argv.append("--enforce-eager")
+        comps.append(Component(
+            name=f"worker-{i}", argv=argv, ports=[system_port],
+            env={**env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_ENABLED": "true",
+                 "VLLM_CPU_OMP_THREADS_BIND": str(i % 2), "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
+                 "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(w.nixl_port_base + i),
+                 "DYN_LORA_ENABLED": "true", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                 "DYN_LORA_PATH": str(cfg.run_dir / "loras")},
+            health_url=f"{cfg.frontend_url}/v1/models", ready=_model_listed(w.served_model_name)))
+    gw = cfg.resolved_gateway()
+    gw_path = cfg.run_dir / "gateway.json"
+    gw_path.write_text(gw.model_dump_json(indent=2))
+    comps.append(Component(
+        name="gateway", argv=[py, "-m", "serve", "--config", str(gw_path)],
+        env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
+        health_url=f"http://{gw.host}:{gw.port}/health", ports=[gw.port]))
+    return comps
+
+
+def ensure_model(cfg: StackConfig) -> None:
+    if not (cfg.model_path / "config.json").exists():
+        from deploy.tiny_model import make_tiny_model
+        console.print(f"making the tiny model in {cfg.model_path}")
+        make_tiny_model(cfg.model_path, seed=cfg.seed)
+
+
+def up(cfg: StackConfig) -> dict[str, float]:
+    """Start the stack; returns seconds each component took to become healthy."""
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_model(cfg)
+    pm = ProcessManager(cfg.run_dir)
+    comps = components(cfg)
+    timings: dict[str, float] = {}
+    started: list[str] = []
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            for comp in comps:
+                task = progress.add_task(f"starting {comp.name}", total=None)
+                t0 = time.monotonic()
+                pid = pm.start(comp)
+                started.append(comp.name)
+                while not pm.check_ready(comp):
+                    if time.monotonic() - t0 > cfg.start_timeout_s:
+                        raise StartError(f"{comp.name} not healthy after {cfg.start_timeout_s:.0f} s; "
+                                         f"see {pm.log_file(comp.name)}")
+                    time.sleep(0.5)
+                timings[comp.name] = time.monotonic() - t0
+                progress.update(task, description=f"[green]{comp.name}[/] ready (pid {pid})",
+                                completed=1, total=1)
+    except BaseException:
+        for name in reversed(started):
+            pm.stop(name)
+        raise
+    return timings
+
+
+def down(cfg: StackConfig) -> list[str]:
+    pm = ProcessManager(cfg.run_dir)
+    names = [c.name for c in reversed(components(cfg))]
+    extra = [p.stem for p in cfg.run_dir.glob("*.pid") if p.stem not in names]
+    return [n for n in names + extra if pm.stop(n)]
+
+
+def status(cfg: StackConfig) -> list[dict]:
+    pm = ProcessManager(cfg.run_dir)
+    rows = []
+    for comp in components(cfg):
+        pid = pm.pid(comp.name)
+        healthy = False
+        if pid:
+            try:
+                healthy = pm.check_ready(comp)
+            except StartError:
+                healthy = False
+        url = comp.health_url.rsplit("/", 1)[0] if comp.health_url else None
+        if comp.name.startswith("worker-"):
+            url = cfg.worker_admin_url(int(comp.name.split("-")[1]))
+        rows.append({"name": comp.name, "pid": pid, "url": url, "healthy": healthy,
+                     "log": str(pm.log_file(comp.name))})
+    return rows

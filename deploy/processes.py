@@ -1,0 +1,140 @@
+"""Start, watch and stop the stack's processes: one log and one PID file per process.
+
+Each process runs in its own session (process group), so stopping it stops whatever it spawned
+(vLLM's engine core, Dynamo's helpers) and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+class StartError(RuntimeError):
+    """A component could not start; the message carries the tail of its log."""
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    health_url: str | None = None
+    ports: list[int] = field(default_factory=list)
+    ready: callable | None = None  # extra readiness check on the health response body
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+class ProcessManager:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    def pid_file(self, name: str) -> Path:
+        return self.run_dir / f"{name}.pid"
+
+    def log_file(self, name: str) -> Path:
+        return self.run_dir / f"{name}.log"
+
+    def pid(self, name: str) -> int | None:
+        try:
+            pid = int(self.pid_file(name).read_text().split()[0])
+        except (FileNotFoundError, ValueError, IndexError):
+            return None
+        return pid if _alive(pid) else None
+
+    def start(self, comp: Component) -> int:
+        if self.pid(comp.name):
+            raise StartError(f"{comp.name} is already running (pid {self.pid(comp.name)}); "
+                             "run `flywheel down` first")
+        for port in comp.ports:
+            if port_in_use(port):
+                raise StartError(f"{comp.name}: port {port} on 127.0.0.1 is already in use; "
+                                 "stop what holds it or choose another port in the profile")
+        log = open(self.log_file(comp.name), "ab")
+        proc = subprocess.Popen(comp.argv, env={**os.environ, **comp.env}, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=self.run_dir)
+        self.pid_file(comp.name).write_text(f"{proc.pid}\n{json.dumps(comp.argv)}\n")
+        return proc.pid
+
+    def check_ready(self, comp: Component) -> bool:
+        """True when healthy; raises StartError when the process has died."""
+        if not self.pid(comp.name):
+            raise StartError(f"{comp.name} exited during start-up. Last lines of "
+                             f"{self.log_file(comp.name)}:\n{log_tail(self.log_file(comp.name))}")
+        if not comp.health_url:
+            return True
+        try:
+            r = httpx.get(comp.health_url, timeout=2)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200 and (comp.ready is None or bool(comp.ready(r)))
+
+    def stop(self, name: str, timeout: float = 20.0) -> bool:
+        """SIGTERM the process group, SIGKILL after ``timeout``; True if something was stopped."""
+        pid = self.pid(name)
+        self.pid_file(name).unlink(missing_ok=True)
+        if pid is None:
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _group_alive(pid):
+            time.sleep(0.2)
+        if _group_alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().split(") ", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    return True
+            except (FileNotFoundError, IndexError, ValueError):
+                continue
+    return False

@@ -1,0 +1,40 @@
+"""The gateway process's configuration (one typed model; the launcher fills it from a profile)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class Deployment(BaseModel):
+    """A Dynamo graph that serves models behind one OpenAI-compatible frontend."""
+
+    name: str
+    url: str = Field(description="base URL of the deployment's frontend, e.g. http://127.0.0.1:8100")
+    admin_urls: list[str] = Field(default_factory=list,
+                                  description="workers' engine admin servers (LoRA load, weights)")
+
+
+class ModelRoute(BaseModel):
+    """What a public model name (an alias) maps to right now."""
+
+    deployment: str
+    upstream_model: str = Field(description="model name the deployment serves (base or LoRA)")
+    checkpoint_version: str = "base"
+
+
+class GatewayConfig(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    deployments: list[Deployment] = Field(default_factory=list)
+    models: dict[str, ModelRoute] = Field(default_factory=dict, description="alias -> route")
+    traces_dir: str = "traces"
+    admin_key: str | None = Field(None, description="bearer key for /admin routes; None disables them")
+    upstream_timeout_s: float = 600.0
+    trace_flush_batch: int = 1000
+    trace_flush_age_s: float = 1.0
+
+    def deployment(self, name: str) -> Deployment:
+        for d in self.deployments:
+            if d.name == name:
+                return d
+        raise KeyError(name)

@@ -1,0 +1,66 @@
+"""Errors in the OpenAI shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every failure the gateway reports goes through :class:`APIError`, so clients (the ``openai``
+SDK included) always get a 4xx/5xx with a body they can parse, never a bare traceback.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist or you do not have access to it.",
+                    param="model", code="model_not_found")
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return APIError(400, "We could not parse the JSON body of your request. "
+                             f"({first.get('ctx', {}).get('error', 'invalid JSON')})")
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid request")
+    if first.get("type") == "missing":
+        msg = f"Missing required parameter: '{param}'."
+    elif param:
+        msg = f"Invalid value for '{param}': {msg}"
+    return APIError(400, msg, param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError):
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), type=kind).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        return APIError(500, f"Internal error in the gateway: {type(exc).__name__}: {exc}",
+                        type="server_error").response()
