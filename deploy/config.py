@@ -34,7 +34,7 @@ class WorkerConfig(BaseModel):
     enforce_eager: bool = Field(False, description="skip torch.compile: ~20 s faster start, slower decode")
     system_port_base: int = Field(8200, description="worker i serves its admin API on base + i")
     nixl_port_base: int = 5600
-    block_size: int = 16
+    block_size: int = Field(32, description="KV block; vLLM-CPU attention needs a multiple of 32")
     max_lora_rank: int = 16
     max_loras: int = 2
 
@@ -76,6 +76,8 @@ class StackConfig(BaseModel):
         """The gateway's config with the local deployment and default alias filled in."""
         gw = self.gateway.model_copy(deep=True)
         gw.traces_dir = str(self.traces_path)
+        if gw.admin_key is None:
+            gw.admin_key = self.admin_key()
         if not gw.deployments:
             gw.deployments = [Deployment(
                 name="local", url=self.frontend_url,
@@ -84,6 +86,19 @@ class StackConfig(BaseModel):
             name = self.worker.served_model_name
             gw.models = {name: ModelRoute(deployment=gw.deployments[0].name, upstream_model=name)}
         return gw
+
+
+    def admin_key(self) -> str:
+        """The gateway's admin key: from the profile, else one generated per run dir."""
+        if self.gateway.admin_key:
+            return self.gateway.admin_key
+        path = self.run_dir / "admin.key"
+        if not path.exists():
+            import secrets
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_urlsafe(24))
+            path.chmod(0o600)
+        return path.read_text().strip()
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

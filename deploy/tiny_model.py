@@ -22,6 +22,8 @@ MARKUP_TOKENS = [
     "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
     "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>",
 ]
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+               r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # Generation ends at EOS or when the model starts the next user / tool turn.
 STOP_TOKENS = [EOS, "<|user|>", "<|observation|>"]
 
@@ -41,10 +43,18 @@ def _corpus(max_bytes: int) -> list[str]:
 
 def build_tokenizer(vocab_size: int = 4096, corpus_bytes: int = 3_000_000):
     """Train the byte-level BPE tokenizer (deterministic for a fixed corpus)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+    # Qwen2's own pipeline (NFC, its split regex: one digit per piece, then bytes). transformers
+    # 5 always loads a qwen2 model's tokenizer as Qwen2Tokenizer, which rebuilds this pipeline
+    # from vocab + merges; matching it keeps vLLM (AutoTokenizer) and Dynamo's frontend
+    # (tokenizer.json) token-for-token identical.
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -65,10 +75,7 @@ def _tokenizer_config(tok) -> dict:
             "lstrip": False, "rstrip": False, "normalized": False, "single_word": False,
         }
     return {
-        # The generic fast tokenizer loads tokenizer.json as written. A model-specific class
-        # (e.g. Qwen2Tokenizer) would rebuild its own pre-tokenizer and split digits differently
-        # from Dynamo's frontend, which reads tokenizer.json directly.
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": "Qwen2Tokenizer",
         "added_tokens_decoder": added,
         "eos_token": EOS,
         "pad_token": EOS,

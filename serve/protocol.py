@@ -31,12 +31,6 @@ class _Request(BaseModel):
             raise ValueError("only n=1 is supported; send n separate requests")
         return n
 
-    def sampling_params(self) -> dict[str, Any]:
-        keep = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-                "stop", "presence_penalty", "frequency_penalty", "min_p", "n")
-        data = self.model_dump(exclude_none=True)
-        return {k: data[k] for k in keep if k in data}
-
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")

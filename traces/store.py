@@ -33,7 +33,8 @@ class TraceStore:
 
     def sql(self, query: str) -> pa.Table:
         """Run a query and return the result as an Arrow table."""
-        return self.con.execute(query).fetch_arrow_table()
+        rel = self.con.sql(query)
+        return rel.to_arrow_table() if rel is not None else pa.table({})
 
     def count(self) -> int:
         return self.con.execute("SELECT count(*) FROM traces").fetchall()[0][0]

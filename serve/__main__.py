@@ -1,0 +1,26 @@
+"""`python -m serve --config gateway.json`: run the gateway with a resolved config."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from serve.app import create_app
+from serve.config import GatewayConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Flywheel gateway")
+    parser.add_argument("--config", required=True, help="resolved GatewayConfig as JSON")
+    args = parser.parse_args()
+    config = GatewayConfig.model_validate_json(Path(args.config).read_text())
+    logging.basicConfig(level=logging.INFO)
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning",
+                access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""The gateway: OpenAI-compatible routes in front of Dynamo deployments, capturing every turn.
+
+A request is validated, its model alias resolved to a deployment and upstream model, forwarded
+(streamed or not), and handed to the trace writer as one record when it ends. The record is
+queued, never written on the response path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from serve.capture import Capture, RequestContext, new_trace_id
+from serve.config import GatewayConfig, ModelRoute
+from serve.errors import APIError, install_error_handlers, model_not_found
+from serve.protocol import ChatCompletionRequest, CompletionRequest
+from serve.upstream import Rewrite, upstream_error
+from traces.writer import TraceWriter
+
+ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions"}
+REQUEST_MODELS = {"chat": ChatCompletionRequest, "text_completion": CompletionRequest}
+
+
+def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> FastAPI:
+    writer = writer or TraceWriter(config.traces_dir, config.trace_flush_batch, config.trace_flush_age_s)
+    routes: dict[str, ModelRoute] = dict(config.models)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        app.state.http = httpx.AsyncClient(timeout=httpx.Timeout(config.upstream_timeout_s, connect=5),
+                                           limits=limits)
+        yield
+        await app.state.http.aclose()
+        writer.close()
+
+    app = FastAPI(title="Flywheel gateway", lifespan=lifespan)
+    app.state.writer, app.state.routes = writer, routes
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "models": sorted(routes)}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [
+            {"id": alias, "object": "model", "owned_by": "flywheel",
+             "checkpoint_version": r.checkpoint_version} for alias, r in sorted(routes.items())]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve(request, "text_completion")
+
+    @app.get("/admin/models")
+    async def admin_models(request: Request):
+        _require_admin(request, config)
+        return {alias: r.model_dump() for alias, r in routes.items()}
+
+    @app.put("/admin/models/{alias}")
+    async def admin_set_model(alias: str, request: Request):
+        """Point an alias at a deployment's model (a base model or a loaded LoRA)."""
+        _require_admin(request, config)
+        route = ModelRoute.model_validate(await _json_body(request))
+        try:
+            config.deployment(route.deployment)
+        except KeyError:
+            raise APIError(400, f"unknown deployment {route.deployment!r}", param="deployment")
+        routes[alias] = route
+        return {alias: route.model_dump()}
+
+    async def _serve(request: Request, operation: str):
+        body = await _json_body(request)
+        try:
+            REQUEST_MODELS[operation].model_validate(body)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        route = routes.get(body["model"])
+        if route is None:
+            raise model_not_found(body["model"])
+        deployment = config.deployment(route.deployment)
+        ctx = _context(request, operation, body, route)
+        capture = Capture(ctx)
+        rewrite = Rewrite(body, operation, route.upstream_model)
+        url = deployment.url + ENDPOINTS[operation]
+        capture.mark_admitted()
+        headers = {"X-Trace-ID": ctx.trace_id}
+        http: httpx.AsyncClient = request.app.state.http
+        try:
+            upstream = await http.send(http.build_request("POST", url, json=rewrite.upstream_body),
+                                       stream=bool(body.get("stream")))
+        except httpx.HTTPError as exc:
+            err = APIError(503, f"deployment {deployment.name!r} is unreachable: {type(exc).__name__}",
+                           type="server_error")
+            writer.submit(capture.record(err.status, err.message))
+            raise err from None
+        if upstream.status_code != 200:
+            text = (await upstream.aread()).decode(errors="replace")
+            await upstream.aclose()
+            err = upstream_error(upstream.status_code, text)
+            writer.submit(capture.record(err.status, err.message))
+            raise err
+        if not body.get("stream"):
+            data = json.loads(await upstream.aread())
+            await upstream.aclose()
+            capture.on_response(data)
+            writer.submit(capture.record(200))
+            return JSONResponse(rewrite.client_view(data, ctx.alias), headers=headers)
+        return StreamingResponse(_relay(upstream, capture, rewrite, ctx.alias),
+                                 media_type="text/event-stream", headers=headers)
+
+    async def _relay(upstream: httpx.Response, capture: Capture, rewrite: Rewrite, alias: str):
+        error: str | None = "client disconnected before the stream ended"
+        event = None
+        try:
+            async for line in upstream.aiter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                    continue
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    error = None
+                    yield "data: [DONE]\n\n"
+                    break
+                obj = json.loads(data)
+                if event == "error" or "error" in obj:
+                    error = json.dumps(obj.get("error", obj))
+                    yield f"data: {json.dumps({'error': obj.get('error', obj)})}\n\n"
+                    break
+                capture.on_chunk(obj)
+                view = rewrite.client_view(obj, alias)
+                if view is not None:
+                    yield f"data: {json.dumps(view)}\n\n"
+            else:
+                error = "the deployment ended the stream without [DONE]"
+                yield _error_event(error)
+        except httpx.HTTPError as exc:
+            error = f"deployment stream failed: {type(exc).__name__}: {exc}"
+            yield _error_event(error)
+        finally:
+            await upstream.aclose()
+            writer.submit(capture.record(200, error))
+
+    return app
+
+
+def _error_event(message: str) -> str:
+    return "data: " + json.dumps(APIError(502, message, type="server_error").body()) + "\n\n"
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"We could not parse the JSON body of your request: {exc}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.")
+    return body
+
+
+def _invalid(exc: ValidationError) -> APIError:
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first.get("loc", ())) or None
+    if first.get("type") == "missing":
+        return APIError(400, f"Missing required parameter: '{param}'.", param=param)
+    return APIError(400, f"Invalid value for '{param}': {first.get('msg')}", param=param)
+
+
+def _context(request: Request, operation: str, body: dict, route: ModelRoute) -> RequestContext:
+    h = request.headers
+    auth = h.get("authorization", "")
+    key = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else None
+    return RequestContext(
+        trace_id=new_trace_id(), operation=operation, body=body, alias=body["model"],
+        upstream_model=route.upstream_model, checkpoint_version=route.checkpoint_version,
+        deployment=route.deployment,
+        api_key_id=hashlib.sha256(key.encode()).hexdigest()[:16] if key else None,
+        session_id=h.get("x-session-id"), parent_trace_id=h.get("x-parent-trace-id"),
+        env_id=h.get("x-env-id"), example_id=h.get("x-example-id"), rollout_id=h.get("x-rollout-id"))
+
+
+def _require_admin(request: Request, config: GatewayConfig) -> None:
+    if not config.admin_key:
+        raise APIError(403, "admin routes are disabled: set gateway.admin_key", type="permission_error")
+    if request.headers.get("authorization") != f"Bearer {config.admin_key}":
+        raise APIError(401, "a valid admin key is required", type="authentication_error")

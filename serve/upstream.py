@@ -1,0 +1,82 @@
+"""Talking to a deployment: what the gateway adds to a request, and takes back out of the reply.
+
+The gateway always asks the engine for what a trajectory needs (token ids, logprobs, usage,
+the serving worker) and then hides whatever the client did not ask for, so a client sees the
+response it would have got from the deployment directly, under the model name it used.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from serve.errors import APIError
+
+# Dynamo's OpenAI extension: engine-exact ids and the serving worker (see DESIGN.md, traces).
+CAPTURE_FIELDS = ("completion_token_ids", "engine_data", "worker_id")
+
+
+class Rewrite:
+    """The upstream body for one client request, and how to undo it on the way back."""
+
+    def __init__(self, body: dict[str, Any], operation: str, upstream_model: str):
+        self.client_body = body
+        self.operation = operation
+        up = copy.deepcopy(body)
+        up["model"] = upstream_model
+        nvext = up.setdefault("nvext", {})
+        asked = list(nvext.get("extra_fields") or [])
+        self.client_nvext_fields = set(asked)
+        nvext["extra_fields"] = asked + [f for f in CAPTURE_FIELDS if f not in asked]
+        if operation == "chat":
+            self.client_logprobs = bool(body.get("logprobs"))
+            up["logprobs"] = True
+        else:
+            self.client_logprobs = body.get("logprobs") is not None
+            if body.get("logprobs") is None:
+                up["logprobs"] = 1
+        self.client_usage = not body.get("stream") or bool(
+            (body.get("stream_options") or {}).get("include_usage"))
+        if body.get("stream"):
+            up["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        self.upstream_body = up
+
+    def client_view(self, obj: dict, alias: str) -> dict | None:
+        """The response object as the client should see it; None drops a stream chunk."""
+        if "model" in obj:
+            obj["model"] = alias
+        if not self.client_usage and obj.get("usage") is not None:
+            if not obj.get("choices"):
+                return None  # the usage-only chunk the client did not ask for
+            obj.pop("usage", None)
+        if not self.client_logprobs:
+            for choice in obj.get("choices") or []:
+                choice.pop("logprobs", None)
+        nvext = obj.get("nvext")
+        if isinstance(nvext, dict):
+            for key in CAPTURE_FIELDS:
+                if key not in self.client_nvext_fields:
+                    nvext.pop(key, None)
+            if not nvext:
+                obj.pop("nvext", None)
+        return obj
+
+
+def upstream_error(status: int, text: str) -> APIError:
+    """Turn a deployment's error reply (Dynamo's flat shape or OpenAI's) into an APIError."""
+    message, param = text.strip() or f"upstream returned HTTP {status}", None
+    try:
+        body = json.loads(text)
+        err = body.get("error", body) if isinstance(body, dict) else {}
+        if isinstance(err, dict):
+            message = str(err.get("message") or message)
+            param = err.get("param")
+        elif isinstance(err, str):
+            message = err
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    if 400 <= status < 500:
+        return APIError(status, message, param=param)
+    return APIError(502 if status >= 500 else status, f"deployment error ({status}): {message}",
+                    type="server_error")
