@@ -1,0 +1,87 @@
+"""The tiny built-in trainer: LoRA SFT on engine-exact token ids, on CPU.
+
+It trains on the token ids the engine saw and produced (``prompt_token_ids`` +
+``completion_token_ids`` from the trace store), with the loss on the completion only, so there
+is no re-rendering or re-tokenizing between serving and training. Real runs use an external
+trainer (prime-rl, TRL); this one exists so one turn of the loop fits in minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 40
+    batch_size: int = 8
+    lr: float = 3e-3
+    rank: int = 8
+    alpha: int = 16
+    seed: int = 0
+    max_len: int = 1024
+
+
+def _batch(rows: Sequence[dict], pad_id: int, max_len: int):
+    import torch
+
+    seqs, labels = [], []
+    for r in rows:
+        prompt, completion = list(r["prompt_token_ids"]), list(r["completion_token_ids"])
+        ids = (prompt + completion)[:max_len]
+        seqs.append(ids)
+        labels.append(([-100] * len(prompt) + completion)[:max_len])
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    label_ids = torch.full((len(seqs), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (s, l) in enumerate(zip(seqs, labels)):
+        input_ids[i, :len(s)] = torch.tensor(s)
+        label_ids[i, :len(l)] = torch.tensor(l)
+        mask[i, :len(s)] = 1
+    return input_ids, mask, label_ids
+
+
+def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path,
+               cfg: TrainConfig = TrainConfig(),
+               progress: Callable[[int, float], None] | None = None) -> Path:
+    """Fine-tune a LoRA adapter on ``rows`` (dicts with prompt/completion token ids) and save it
+    in PEFT's layout (``adapter_config.json`` + ``adapter_model.safetensors``)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    rows = [r for r in rows if r.get("completion_token_ids")]
+    if not rows:
+        raise ValueError("no training rows with completion tokens")
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    model = get_peft_model(model, LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,
+                                             target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    model.train()
+    losses = []
+    for step in range(cfg.steps):
+        input_ids, mask, labels = _batch(rng.sample(rows, min(cfg.batch_size, len(rows))),
+                                         pad_id, cfg.max_len)
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if progress:
+            progress(step + 1, losses[-1])
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    (out / "flywheel_train.json").write_text(json.dumps(
+        {"base_model": str(base_model), "rows": len(rows), "config": cfg.__dict__,
+         "loss_first": losses[0], "loss_last": losses[-1]}, indent=2))
+    return out
