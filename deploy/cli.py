@@ -127,3 +127,5 @@ def demo(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
 
     ok = run_demo(_config(profile, set_), keep_up=keep_up)
     sys.exit(0 if ok else 1)
+if __name__ == "__main__":
+    app()

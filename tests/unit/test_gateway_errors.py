@@ -1,0 +1,72 @@
+"""Bad requests get OpenAI-shaped 4xx from the gateway before anything reaches a deployment."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serve.app import create_app
+from serve.config import Deployment, GatewayConfig, ModelRoute
+
+
+@pytest.fixture
+def client(tmp_path):
+    # Port 9 (discard) on loopback: nothing listens, so forwarding fails fast.
+    cfg = GatewayConfig(deployments=[Deployment(name="d", url="http://127.0.0.1:9")],
+                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+                        traces_dir=str(tmp_path / "traces"), admin_key="adm")
+    with TestClient(create_app(cfg)) as c:
+        yield c
+
+
+def assert_openai_error(r, status, param=None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+    return err
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_unknown_model_is_404_model_not_found(client):
+    err = assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "model": "gpt-9"}),
+                              404, "model")
+    assert err["code"] == "model_not_found" and "gpt-9" in err["message"]
+
+
+def test_malformed_json_is_400(client):
+    err = assert_openai_error(client.post("/v1/chat/completions", content=b'{"model": "tiny",'), 400)
+    assert "JSON" in err["message"]
+    assert_openai_error(client.post("/v1/completions", content=b"[1, 2]"), 400)
+
+
+def test_missing_or_invalid_fields_name_the_parameter(client):
+    err = assert_openai_error(client.post("/v1/chat/completions", json={"model": "tiny"}), 400, "messages")
+    assert "messages" in err["message"]
+    assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "messages": []}), 400, "messages")
+    assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "temperature": 7}), 400, "temperature")
+    assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "n": 3}), 400, "n")
+    assert_openai_error(client.post("/v1/completions", json={"model": "tiny"}), 400, "prompt")
+
+
+def test_unreachable_deployment_is_503_and_still_traced(client, tmp_path):
+    err = assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 503)
+    assert err["type"] == "server_error" and "unreachable" in err["message"]
+    writer = client.app.state.writer
+    assert writer.flush()
+    from traces.store import TraceStore
+    rows = TraceStore(tmp_path / "traces").sql("SELECT http_status, error FROM traces").to_pylist()
+    assert rows == [{"http_status": 503, "error": err["message"]}]
+
+
+def test_unknown_route_and_admin_auth_are_openai_shaped(client):
+    assert_openai_error(client.get("/v1/nope"), 404)
+    assert_openai_error(client.get("/admin/models"), 401)
+    r = client.put("/admin/models/tiny", headers={"Authorization": "Bearer adm"},
+                   json={"deployment": "nope", "upstream_model": "x"})
+    assert_openai_error(r, 400, "deployment")
+    r = client.put("/admin/models/tiny2", headers={"Authorization": "Bearer adm"},
+                   json={"deployment": "d", "upstream_model": "tiny-lora", "checkpoint_version": "v2"})
+    assert r.status_code == 200
+    assert {m["id"]: m["checkpoint_version"] for m in client.get("/v1/models").json()["data"]} == \
+        {"tiny": "base", "tiny2": "v2"}
