@@ -66,6 +66,11 @@ def run_demo(cfg: StackConfig, keep_up: bool = False, rollouts_per_prompt: int =
     from feedback.train import TrainConfig, train_lora
     from traces.store import TraceStore
 
+    import datasets
+    import transformers
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+
     t_start = time.monotonic()
     gw = cfg.resolved_gateway()
     gateway_url = f"http://{gw.host}:{gw.port}"
