@@ -7,8 +7,10 @@ queued, never written on the response path.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,12 +26,23 @@ from serve.protocol import ChatCompletionRequest, CompletionRequest
 from serve.upstream import Rewrite, upstream_error
 from traces.writer import TraceWriter
 
+log = logging.getLogger(__name__)
+
 ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions"}
 REQUEST_MODELS = {"chat": ChatCompletionRequest, "text_completion": CompletionRequest}
 
 
 def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> FastAPI:
-    writer = writer or TraceWriter(config.traces_dir, config.trace_flush_batch, config.trace_flush_age_s)
+    writer = writer or TraceWriter(config.traces_dir, config.instance_name,
+                                   config.trace_flush_batch, config.trace_flush_age_s)
+
+    async def durable(record: dict) -> None:
+        """Wait until the trace is fsync'd: a response is finished only after its record is.
+        A failing disk is logged, not turned into a failed request."""
+        try:
+            await asyncio.wrap_future(writer.submit(record))
+        except Exception:
+            log.exception("trace %s could not be made durable", record.get("trace_id"))
     routes: dict[str, ModelRoute] = dict(config.models)
 
     @asynccontextmanager
@@ -103,26 +116,26 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         except httpx.HTTPError as exc:
             err = APIError(503, f"deployment {deployment.name!r} is unreachable: {type(exc).__name__}",
                            type="server_error")
-            writer.submit(capture.record(err.status, err.message))
+            await durable(capture.record(err.status, err.message))
             raise err from None
         if upstream.status_code != 200:
             text = (await upstream.aread()).decode(errors="replace")
             await upstream.aclose()
             err = upstream_error(upstream.status_code, text)
-            writer.submit(capture.record(err.status, err.message))
+            await durable(capture.record(err.status, err.message))
             raise err
         if not body.get("stream"):
             data = json.loads(await upstream.aread())
             await upstream.aclose()
             capture.on_response(data)
-            writer.submit(capture.record(200))
+            await durable(capture.record(200))
             return JSONResponse(rewrite.client_view(data, ctx.alias), headers=headers)
         return StreamingResponse(_relay(upstream, capture, rewrite, ctx.alias),
                                  media_type="text/event-stream", headers=headers)
 
     async def _relay(upstream: httpx.Response, capture: Capture, rewrite: Rewrite, alias: str):
         error: str | None = "client disconnected before the stream ended"
-        event = None
+        event, recorded = None, False
         try:
             async for line in upstream.aiter_lines():
                 if line.startswith("event:"):
@@ -132,7 +145,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    error = None
+                    error, recorded = None, True
+                    await durable(capture.record(200))  # the client's [DONE] means "stored"
                     yield "data: [DONE]\n\n"
                     break
                 obj = json.loads(data)
@@ -152,7 +166,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
             yield _error_event(error)
         finally:
             await upstream.aclose()
-            writer.submit(capture.record(200, error))
+            if not recorded:
+                writer.submit(capture.record(200, error))
 
     return app
 

@@ -28,10 +28,16 @@ class GatewayConfig(BaseModel):
     deployments: list[Deployment] = Field(default_factory=list)
     models: dict[str, ModelRoute] = Field(default_factory=dict, description="alias -> route")
     traces_dir: str = "traces"
+    instance: str | None = Field(None, description="this replica's name; names its trace spool "
+                                 "(must be stable across restarts); default gateway-<port>")
     admin_key: str | None = Field(None, description="bearer key for /admin routes; None disables them")
     upstream_timeout_s: float = 600.0
-    trace_flush_batch: int = 1000
+    trace_flush_batch: int = 10_000
     trace_flush_age_s: float = 1.0
+
+    @property
+    def instance_name(self) -> str:
+        return self.instance or f"gateway-{self.port}"
 
     def deployment(self, name: str) -> Deployment:
         for d in self.deployments:

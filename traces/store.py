@@ -1,7 +1,17 @@
-"""DuckDB over the trace Parquet files.
+"""DuckDB over the trace Parquet files: views, SQL, team scoping, full-prompt reconstruction.
 
 The store opens an in-memory DuckDB and defines views over the files; it never owns a database
-file, so any number of readers can run while gateways keep writing.
+file, so any number of readers run while gateways keep writing. Views:
+
+- ``traces``: one row per trajectory, every schema version normalised to the current columns,
+  plus the partition columns ``date`` and ``model``;
+- ``traces_full``: ``traces`` plus ``prompt_token_ids``, the full prompt rebuilt from prefix
+  references (a recursive query: filter by session when the store is large);
+- ``sessions``: one row per session (turns, tokens, first/last time);
+- ``usage_by_team``: requests, errors and tokens by team, model and day.
+
+A team-scoped store (``team=...``) sees only that team's rows, cannot read or write any file
+outside the store, and accepts only guarded SELECTs (``traces.guard``).
 """
 
 from __future__ import annotations
@@ -11,30 +21,139 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from traces.guard import check_select
+from traces.prefix import reconstruct_prompts
 from traces.schema import TRACE_SCHEMA
+
+LAYOUTS = ("date=*/model=*/*.parquet",   # schema v2 and later
+           "date=*/*.parquet")           # the first cut's layout (schema v1)
+VIEWS = ("traces", "traces_full", "sessions", "usage_by_team")
+
+_FULL_SQL = """
+WITH RECURSIVE chain(trace_id, prompt_token_ids, seq) AS (
+    SELECT trace_id, prompt_new_token_ids,
+           list_concat(prompt_new_token_ids, coalesce(completion_token_ids, []))
+    FROM traces WHERE prompt_prefix_trace_id IS NULL
+  UNION ALL
+    SELECT c.trace_id, list_concat(p.seq[1:c.prompt_prefix_len], c.prompt_new_token_ids),
+           list_concat(p.seq[1:c.prompt_prefix_len], c.prompt_new_token_ids,
+                       coalesce(c.completion_token_ids, []))
+    FROM traces c JOIN chain p ON c.prompt_prefix_trace_id = p.trace_id
+)
+SELECT t.*, chain.prompt_token_ids FROM traces t JOIN chain USING (trace_id)
+"""
+
+_SESSIONS_SQL = """
+SELECT gen_ai_conversation_id AS session_id, team, count(*) AS turns,
+       min(time_received) AS started, max(time_done) AS ended,
+       sum(gen_ai_usage_input_tokens) AS input_tokens,
+       sum(gen_ai_usage_output_tokens) AS output_tokens,
+       sum(gen_ai_usage_cache_read_input_tokens) AS cached_input_tokens,
+       sum(len(prompt_new_token_ids))::BIGINT AS stored_prompt_tokens
+FROM traces WHERE gen_ai_conversation_id IS NOT NULL GROUP BY ALL
+"""
+
+_USAGE_SQL = """
+SELECT team, gen_ai_request_model AS model, CAST(time_received AS DATE) AS day,
+       count(*) AS requests, count(error) AS errors,
+       sum(gen_ai_usage_input_tokens) AS input_tokens,
+       sum(gen_ai_usage_output_tokens) AS output_tokens,
+       sum(gen_ai_usage_cache_read_input_tokens) AS cached_input_tokens
+FROM traces GROUP BY ALL
+"""
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
 
 
 class TraceStore:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, team: str | None = None, threads: int | None = None):
         self.root = Path(root)
+        self.team = team
         self.con = duckdb.connect(":memory:")
+        if threads:
+            self.con.execute(f"SET threads = {int(threads)}")
         self.refresh()
+        if team is not None:
+            self._lock_down()
 
     def refresh(self) -> None:
         """(Re)define the views so they see files written since the last call."""
-        files = sorted(str(p) for p in self.root.glob("date=*/*.parquet"))
-        if files:
-            glob = str(self.root / "date=*" / "*.parquet").replace("'", "''")
-            source = f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true)"
+        if self.team is not None and getattr(self, "_locked", False):
+            raise RuntimeError("a team-scoped store is fixed at creation; open a new one")
+        sources = [f"SELECT * FROM read_parquet({_sql_str(str(self.root / g))}, hive_partitioning = true, "
+                   f"union_by_name = true)" for g in LAYOUTS if next(self.root.glob(g), None)]
+        if sources:
+            raw = " UNION ALL BY NAME ".join(sources)
         else:  # a glob that matches nothing is an error in DuckDB: serve an empty, typed view
             self.con.register("_empty_traces", pa.Table.from_pylist([], schema=TRACE_SCHEMA))
-            source = "_empty_traces"
-        self.con.execute(f"CREATE OR REPLACE VIEW traces AS SELECT * FROM {source}")
+            raw = "SELECT *, NULL::DATE AS date, NULL::VARCHAR AS model FROM _empty_traces"
+        self.con.execute(f"CREATE OR REPLACE VIEW _traces_raw AS {raw}")
+        have = {r[0] for r in self.con.execute("DESCRIBE _traces_raw").fetchall()}
+        cols = []
+        for f in TRACE_SCHEMA:
+            if f.name == "prompt_new_token_ids" and "prompt_token_ids" in have:
+                cols.append("coalesce(prompt_new_token_ids, prompt_token_ids) AS prompt_new_token_ids"
+                            if f.name in have else "prompt_token_ids AS prompt_new_token_ids")
+            elif f.name in have:
+                cols.append(f.name)
+            else:  # a column newer than every file: null, typed
+                cols.append(f"NULL::{_duck_type(f.type)} AS {f.name}")
+        cols += [c for c in ("date", "model") if c in have]
+        where = f" WHERE team = {_sql_str(self.team)}" if self.team is not None else ""
+        self.con.execute(f"CREATE OR REPLACE VIEW traces AS SELECT {', '.join(cols)} FROM _traces_raw{where}")
+        self.con.execute(f"CREATE OR REPLACE VIEW traces_full AS {_FULL_SQL}")
+        self.con.execute(f"CREATE OR REPLACE VIEW sessions AS {_SESSIONS_SQL}")
+        self.con.execute(f"CREATE OR REPLACE VIEW usage_by_team AS {_USAGE_SQL}")
+
+    def _lock_down(self) -> None:
+        self.con.execute(f"SET allowed_directories = [{_sql_str(str(self.root.resolve()) + '/')}]")
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
+        self._locked = True
+
+    def relation(self, query: str) -> duckdb.DuckDBPyRelation:
+        if self.team is not None:
+            check_select(self.con, query, allowed_tables=set(VIEWS))
+        return self.con.sql(query)
 
     def sql(self, query: str) -> pa.Table:
         """Run a query and return the result as an Arrow table."""
-        rel = self.con.sql(query)
+        rel = self.relation(query)
         return rel.to_arrow_table() if rel is not None else pa.table({})
 
     def count(self) -> int:
         return self.con.execute("SELECT count(*) FROM traces").fetchall()[0][0]
+
+    def prompt_token_ids(self, trace_ids: list[str]) -> dict[str, list[int]]:
+        """Full prompt ids for these traces, rebuilt from their sessions' prefix chains."""
+        if not trace_ids:
+            return {}
+        cols = "trace_id, prompt_prefix_trace_id, prompt_prefix_len, prompt_new_token_ids, completion_token_ids"
+        ids = ", ".join(_sql_str(t) for t in trace_ids)
+        # One scan for the sessions involved; references normally stay inside a session.
+        rows = {r["trace_id"]: r for r in self.con.sql(
+            f"SELECT {cols} FROM traces WHERE trace_id IN ({ids}) OR gen_ai_conversation_id IN "
+            f"(SELECT gen_ai_conversation_id FROM traces WHERE trace_id IN ({ids}))"
+        ).to_arrow_table().to_pylist()}
+        while True:  # follow references that leave the session (explicit X-Parent-Trace-ID)
+            missing = {r["prompt_prefix_trace_id"] for r in rows.values()
+                       if r["prompt_prefix_trace_id"] and r["prompt_prefix_trace_id"] not in rows}
+            if not missing:
+                break
+            more = self.con.sql(f"SELECT {cols} FROM traces WHERE trace_id IN "
+                                    f"({', '.join(_sql_str(t) for t in missing)})").to_arrow_table()
+            if more.num_rows == 0:
+                break
+            rows.update({r["trace_id"]: r for r in more.to_pylist()})
+        full = reconstruct_prompts(rows)
+        return {t: full[t] for t in trace_ids if t in full}
+
+
+def _duck_type(t: pa.DataType) -> str:
+    if pa.types.is_list(t):
+        return _duck_type(t.value_type) + "[]"
+    return {pa.string(): "VARCHAR", pa.int16(): "SMALLINT", pa.int32(): "INTEGER",
+            pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
+            pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ"}[t]

@@ -1,7 +1,10 @@
 from datetime import datetime, timezone
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from traces.schema import TRACE_SCHEMA
 from traces.store import TraceStore
 from traces.writer import TraceWriter
 
@@ -17,27 +20,38 @@ def test_an_empty_store_answers_queries_with_typed_columns(tmp_path):
     store = TraceStore(tmp_path)
     assert store.count() == 0
     assert "completion_token_ids" in store.sql("SELECT * FROM traces").column_names
+    assert store.sql("SELECT count(*) AS n FROM traces_full").to_pylist() == [{"n": 0}]
 
 
 def test_records_round_trip_exactly_through_parquet(tmp_path):
-    writer = TraceWriter(tmp_path, max_batch=3, max_age_s=60)
-    for i in range(7):
-        writer.submit(record(i, team="a" if i % 2 else "b"))
-    assert writer.flush()
+    writer = TraceWriter(tmp_path, "gw", max_batch=3, max_age_s=60)
+    futures = [writer.submit(record(i, team="a" if i % 2 else "b")) for i in range(7)]
+    assert all(f.result(5) is None for f in futures)
+    writer.flush()
     store = TraceStore(tmp_path)
     assert store.count() == 7
-    rows = store.sql("SELECT trace_id, prompt_token_ids, completion_logprobs, schema_version "
-                     "FROM traces ORDER BY trace_id").to_pylist()
+    rows = store.sql("SELECT trace_id, prompt_token_ids, completion_logprobs, schema_version, model "
+                     "FROM traces_full ORDER BY trace_id").to_pylist()
     assert rows[3] == {"trace_id": "tr-3", "prompt_token_ids": [1, 2, 3],
-                       "completion_logprobs": [-0.5, -1.25], "schema_version": 1}
+                       "completion_logprobs": [-0.5, -1.25], "schema_version": 2, "model": "tiny"}
     by_team = store.sql("SELECT team, count(*) AS n FROM traces GROUP BY team ORDER BY team")
     assert by_team.to_pylist() == [{"team": "a", "n": 3}, {"team": "b", "n": 4}]
     writer.close()
 
 
-def test_unflushed_records_are_written_by_age(tmp_path):
-    writer = TraceWriter(tmp_path, max_batch=1000, max_age_s=0.2)
-    writer.submit(record(1))
+def test_files_are_partitioned_by_date_and_model(tmp_path):
+    writer = TraceWriter(tmp_path, "gw")
+    writer.submit(record(1, gen_ai_request_model="org/model a"))
+    writer.submit(record(2))
+    writer.close()
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    parts = sorted(str(p.relative_to(tmp_path).parent) for p in tmp_path.glob("date=*/model=*/*.parquet"))
+    assert parts == [f"date={day}/model=org%2Fmodel%20a", f"date={day}/model=tiny"]
+
+
+def test_unflushed_records_reach_parquet_by_age(tmp_path):
+    writer = TraceWriter(tmp_path, "gw", max_age_s=0.2)
+    writer.submit(record(1)).result(5)
     import time
     deadline = time.monotonic() + 5
     while TraceStore(tmp_path).count() == 0 and time.monotonic() < deadline:
@@ -47,7 +61,24 @@ def test_unflushed_records_are_written_by_age(tmp_path):
 
 
 def test_a_misspelled_field_is_refused_not_dropped(tmp_path):
-    writer = TraceWriter(tmp_path)
+    writer = TraceWriter(tmp_path, "gw")
     with pytest.raises(ValueError, match="completion_tokenids"):
         writer.submit({**record(1), "completion_tokenids": [1]})
     writer.close()
+
+
+def test_schema_v1_files_stay_readable_next_to_current_ones(tmp_path):
+    # The first cut wrote date=*/part-*.parquet with the whole prompt in prompt_token_ids.
+    v1_fields = [f for f in TRACE_SCHEMA if not f.name.startswith("prompt_")]
+    v1 = pa.schema(v1_fields + [pa.field("prompt_token_ids", pa.list_(pa.int32()))])
+    legacy = tmp_path / "date=2026-11-28"
+    legacy.mkdir()
+    pq.write_table(pa.Table.from_pylist([{**record(100), "schema_version": 1}], schema=v1),
+                   legacy / "part-1.parquet")
+    writer = TraceWriter(tmp_path, "gw")
+    writer.submit(record(1))
+    writer.close()
+    rows = TraceStore(tmp_path).sql(
+        "SELECT trace_id, schema_version, prompt_token_ids FROM traces_full ORDER BY trace_id").to_pylist()
+    assert rows == [{"trace_id": "tr-1", "schema_version": 2, "prompt_token_ids": [1, 2, 1]},
+                    {"trace_id": "tr-100", "schema_version": 1, "prompt_token_ids": [1, 2, 100]}]

@@ -1,0 +1,60 @@
+import random
+from datetime import datetime, timedelta, timezone
+
+from traces.store import TraceStore
+from traces.writer import TraceWriter
+
+
+def agent_session(writer, session: str, turns: int, rng: random.Random, start=None) -> dict:
+    """Each turn's prompt = the previous prompt + part of its output + a few hundred new tokens."""
+    prompt, originals = [rng.randrange(4000) for _ in range(500)], {}
+    for turn in range(turns):
+        completion = [rng.randrange(4000) for _ in range(rng.randrange(20, 80))]
+        tid = f"{session}-{turn}"
+        originals[tid] = list(prompt)
+        writer.submit({"trace_id": tid, "gen_ai_conversation_id": session, "gen_ai_request_model": "m",
+                       "prompt_token_ids": list(prompt), "completion_token_ids": completion,
+                       "time_received": start or datetime.now(timezone.utc), "http_status": 200}).result(5)
+        # the template re-renders the assistant turn: keep only some of its tokens, then add more
+        prompt = prompt + completion[:rng.randrange(len(completion))] + \
+            [rng.randrange(4000) for _ in range(rng.randrange(100, 400))]
+    return originals
+
+
+def test_a_20_turn_session_reads_back_every_full_prompt_exactly(tmp_path):
+    writer = TraceWriter(tmp_path, "gw")
+    originals = agent_session(writer, "s1", 20, random.Random(1))
+    writer.close()
+    store = TraceStore(tmp_path)
+    by_sql = {r["trace_id"]: r["prompt_token_ids"] for r in
+              store.sql("SELECT trace_id, prompt_token_ids FROM traces_full").to_pylist()}
+    assert by_sql == originals
+    assert store.prompt_token_ids(list(originals)) == originals
+    stored = store.sql("SELECT sum(len(prompt_new_token_ids)) AS s FROM traces").column("s")[0].as_py()
+    whole = sum(len(p) for p in originals.values())
+    assert stored < whole / 5  # only the new tokens are kept
+
+
+def test_a_prompt_that_does_not_extend_its_session_is_stored_whole(tmp_path):
+    writer = TraceWriter(tmp_path, "gw")
+    base = {"gen_ai_conversation_id": "s", "gen_ai_request_model": "m", "http_status": 200,
+            "completion_token_ids": [5, 6]}
+    writer.submit({**base, "trace_id": "a", "prompt_token_ids": list(range(1000))})
+    writer.submit({**base, "trace_id": "b", "prompt_token_ids": [9] + list(range(1000))})
+    writer.close()
+    rows = TraceStore(tmp_path).sql("SELECT trace_id, prompt_prefix_trace_id, len(prompt_new_token_ids) AS n "
+                                    "FROM traces ORDER BY trace_id").to_pylist()
+    assert rows[1] == {"trace_id": "b", "prompt_prefix_trace_id": None, "n": 1001}
+
+
+def test_references_never_cross_a_date_partition(tmp_path):
+    writer = TraceWriter(tmp_path, "gw")
+    yesterday = datetime.now(timezone.utc) - timedelta(days=1)
+    base = {"gen_ai_conversation_id": "s", "gen_ai_request_model": "m", "http_status": 200,
+            "completion_token_ids": [5]}
+    writer.submit({**base, "trace_id": "old", "prompt_token_ids": list(range(500)), "time_received": yesterday})
+    writer.submit({**base, "trace_id": "new", "prompt_token_ids": list(range(600)),
+                   "time_received": datetime.now(timezone.utc)})
+    writer.close()
+    ref = TraceStore(tmp_path).sql("SELECT prompt_prefix_trace_id AS r FROM traces WHERE trace_id = 'new'")
+    assert ref.to_pylist() == [{"r": None}]
