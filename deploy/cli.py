@@ -16,7 +16,11 @@ from deploy.config import StackConfig, load_config
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Serve a model, capture every trajectory, train on it, hot-swap it back.")
 model_app = typer.Typer(no_args_is_help=True, help="Make models.")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys (stored hashed), one team each.")
+traces_app = typer.Typer(no_args_is_help=True, help="Trace store housekeeping.")
 app.add_typer(model_app, name="model")
+app.add_typer(keys_app, name="keys")
+app.add_typer(traces_app, name="traces")
 console = Console()
 
 ProfileOpt = typer.Option("local", "--profile", "-p", envvar="FLYWHEEL_PROFILE",
@@ -80,22 +84,41 @@ def status(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
 
 
 @app.command()
-def sql(query: str = typer.Argument(..., help="DuckDB SQL over the `traces` view"),
+def sql(query: str = typer.Argument(..., help="DuckDB SQL over the views traces, traces_full, "
+                                               "sessions, usage_by_team"),
         profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
         traces_dir: Optional[Path] = typer.Option(None, help="defaults to the profile's trace dir"),
-        max_rows: int = typer.Option(50, help="rows to print")):
-    """Run SQL over the captured traces and print a table."""
+        fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json | parquet"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="write here instead of stdout"),
+        max_rows: int = typer.Option(50, help="rows to print as a table")):
+    """Run SQL over the captured traces: print a table, or write CSV / JSON / Parquet."""
     import duckdb
 
     from traces.store import TraceStore
 
+    if fmt not in ("table", "csv", "json", "parquet"):
+        console.print(f"[red]unknown format {fmt!r}[/] (table, csv, json, parquet)")
+        raise typer.Exit(2)
+    if fmt == "parquet" and out is None:
+        console.print("[red]--format parquet needs --out FILE[/]")
+        raise typer.Exit(2)
     root = traces_dir or _config(profile, set_).traces_path
+    store = TraceStore(root)
     try:
-        result = TraceStore(root).sql(query)
+        if fmt == "table":
+            console.print(arrow_table(store.sql(query), max_rows))
+        else:  # DuckDB writes the file itself, so lists and timestamps keep their types
+            import tempfile
+            # (not /dev/stdout: DuckDB would truncate a redirected stdout file)
+            with tempfile.TemporaryDirectory() as tmp:
+                target = out or Path(tmp) / f"result.{fmt}"
+                store.con.execute(f"COPY ({query.strip().rstrip(';')}) TO "
+                                  f"'{str(target).replace(chr(39), chr(39) * 2)}' (FORMAT {fmt})")
+                if out is None:
+                    sys.stdout.buffer.write(target.read_bytes())
     except duckdb.Error as exc:
         console.print(f"[red]SQL error:[/] {exc}")
         raise typer.Exit(1)
-    console.print(arrow_table(result, max_rows))
 
 
 def arrow_table(result, max_rows: int = 50) -> Table:
@@ -127,5 +150,46 @@ def demo(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
 
     ok = run_demo(_config(profile, set_), keep_up=keep_up)
     sys.exit(0 if ok else 1)
+
+@keys_app.command("create")
+def keys_create(team: str = typer.Option(..., help="the team this key bills and sees"),
+                name: str = typer.Option("", help="a label, e.g. who holds the key"),
+                profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+    """Create a key; the key itself is printed once and never stored."""
+    from serve.keys import KeyStore
+
+    try:
+        rec, key = KeyStore(_config(profile, set_).resolved_gateway().keys_file).create(team, name)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2)
+    console.print(f"created {rec.id} for team {rec.team!r}; the key (shown once):", style="dim")
+    print(key)
+
+
+@keys_app.command("list")
+def keys_list(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+    """Key ids, teams and state (never the keys)."""
+    from serve.keys import KeyStore
+
+    table = Table("id", "team", "name", "created", "state")
+    for k in KeyStore(_config(profile, set_).resolved_gateway().keys_file).list():
+        table.add_row(k.id, k.team, k.name, k.created, "[red]revoked[/]" if k.revoked else "active")
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+    """Revoke a key by id; gateways refuse it from their next request on."""
+    from serve.keys import KeyStore
+
+    try:
+        KeyStore(_config(profile, set_).resolved_gateway().keys_file).revoke(key_id)
+    except KeyError as exc:
+        console.print(f"[red]{exc.args[0]}[/]")
+        raise typer.Exit(1)
+    console.print(f"revoked {key_id}")
+
+
 if __name__ == "__main__":
     app()

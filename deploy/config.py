@@ -78,6 +78,8 @@ class StackConfig(BaseModel):
         gw.traces_dir = str(self.traces_path)
         if gw.admin_key is None:
             gw.admin_key = self.admin_key()
+        if gw.keys_file is None:
+            gw.keys_file = str(self.home_path / "keys.json")
         if not gw.deployments:
             gw.deployments = [Deployment(
                 name="local", url=self.frontend_url,

@@ -8,7 +8,6 @@ queued, never written on the response path.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -19,9 +18,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from serve import trace_query
+from serve.auth import Caller, authenticate
 from serve.capture import Capture, RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute
 from serve.errors import APIError, install_error_handlers, model_not_found
+from serve.keys import KeyStore
 from serve.protocol import ChatCompletionRequest, CompletionRequest
 from serve.upstream import Rewrite, upstream_error
 from traces.writer import TraceWriter
@@ -44,6 +46,10 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         except Exception:
             log.exception("trace %s could not be made durable", record.get("trace_id"))
     routes: dict[str, ModelRoute] = dict(config.models)
+    keys = KeyStore(config.keys_file) if config.keys_file else None
+
+    def caller_of(request: Request) -> Caller:
+        return authenticate(request, config, keys)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -57,6 +63,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     app = FastAPI(title="Flywheel gateway", lifespan=lifespan)
     app.state.writer, app.state.routes = writer, routes
     install_error_handlers(app)
+    app.include_router(trace_query.router(config.traces_dir, caller_of, config.query_timeout_s))
 
     @app.get("/health")
     async def health():
@@ -94,6 +101,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         return {alias: route.model_dump()}
 
     async def _serve(request: Request, operation: str):
+        caller = caller_of(request)
         body = await _json_body(request)
         try:
             REQUEST_MODELS[operation].model_validate(body)
@@ -103,7 +111,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         if route is None:
             raise model_not_found(body["model"])
         deployment = config.deployment(route.deployment)
-        ctx = _context(request, operation, body, route)
+        ctx = _context(request, operation, body, route, caller)
         capture = Capture(ctx)
         rewrite = Rewrite(body, operation, route.upstream_model)
         url = deployment.url + ENDPOINTS[operation]
@@ -195,15 +203,13 @@ def _invalid(exc: ValidationError) -> APIError:
     return APIError(400, f"Invalid value for '{param}': {first.get('msg')}", param=param)
 
 
-def _context(request: Request, operation: str, body: dict, route: ModelRoute) -> RequestContext:
+def _context(request: Request, operation: str, body: dict, route: ModelRoute,
+             caller: Caller) -> RequestContext:
     h = request.headers
-    auth = h.get("authorization", "")
-    key = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else None
     return RequestContext(
         trace_id=new_trace_id(), operation=operation, body=body, alias=body["model"],
         upstream_model=route.upstream_model, checkpoint_version=route.checkpoint_version,
-        deployment=route.deployment,
-        api_key_id=hashlib.sha256(key.encode()).hexdigest()[:16] if key else None,
+        deployment=route.deployment, team=caller.team, api_key_id=caller.key_id,
         session_id=h.get("x-session-id"), parent_trace_id=h.get("x-parent-trace-id"),
         env_id=h.get("x-env-id"), example_id=h.get("x-example-id"), rollout_id=h.get("x-rollout-id"))
 
@@ -212,4 +218,4 @@ def _require_admin(request: Request, config: GatewayConfig) -> None:
     if not config.admin_key:
         raise APIError(403, "admin routes are disabled: set gateway.admin_key", type="permission_error")
     if request.headers.get("authorization") != f"Bearer {config.admin_key}":
-        raise APIError(401, "a valid admin key is required", type="authentication_error")
+        raise APIError(401, "a valid admin key is required", code="invalid_api_key")

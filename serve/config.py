@@ -30,6 +30,9 @@ class GatewayConfig(BaseModel):
     traces_dir: str = "traces"
     instance: str | None = Field(None, description="this replica's name; names its trace spool "
                                  "(must be stable across restarts); default gateway-<port>")
+    keys_file: str | None = Field(None, description="hashed API keys (flywheel keys ...)")
+    require_api_key: bool = Field(False, description="refuse calls without a valid team key")
+    query_timeout_s: float = 30.0
     admin_key: str | None = Field(None, description="bearer key for /admin routes; None disables them")
     upstream_timeout_s: float = 600.0
     trace_flush_batch: int = 10_000

@@ -19,7 +19,7 @@ class QueryRefused(ValueError):
 
 
 def check_select(con: duckdb.DuckDBPyConnection, query: str, allowed_tables: set[str]) -> None:
-    tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [query]).fetchone()[0])
+    tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [query]).fetchall()[0][0])
     if tree.get("error"):
         msg = tree.get("error_message", "")
         if "Only SELECT" in msg:

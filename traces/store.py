@@ -10,8 +10,9 @@ file, so any number of readers run while gateways keep writing. Views:
 - ``sessions``: one row per session (turns, tokens, first/last time);
 - ``usage_by_team``: requests, errors and tokens by team, model and day.
 
-A team-scoped store (``team=...``) sees only that team's rows, cannot read or write any file
-outside the store, and accepts only guarded SELECTs (``traces.guard``).
+A sandboxed store (``sandbox=True``, implied by ``team=...``) cannot read or write any file
+outside the store and accepts only guarded SELECTs (``traces.guard``); a team-scoped one also
+sees only that team's rows.
 """
 
 from __future__ import annotations
@@ -68,20 +69,22 @@ def _sql_str(s: str) -> str:
 
 
 class TraceStore:
-    def __init__(self, root: str | Path, team: str | None = None, threads: int | None = None):
+    def __init__(self, root: str | Path, team: str | None = None, sandbox: bool = False,
+                 threads: int | None = None):
         self.root = Path(root)
         self.team = team
+        self.sandbox = sandbox or team is not None
         self.con = duckdb.connect(":memory:")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
         self.refresh()
-        if team is not None:
+        if self.sandbox:
             self._lock_down()
 
     def refresh(self) -> None:
         """(Re)define the views so they see files written since the last call."""
-        if self.team is not None and getattr(self, "_locked", False):
-            raise RuntimeError("a team-scoped store is fixed at creation; open a new one")
+        if getattr(self, "_locked", False):
+            raise RuntimeError("a sandboxed store is fixed at creation; open a new one")
         sources = [f"SELECT * FROM read_parquet({_sql_str(str(self.root / g))}, hive_partitioning = true, "
                    f"union_by_name = true)" for g in LAYOUTS if next(self.root.glob(g), None)]
         if sources:
@@ -114,7 +117,7 @@ class TraceStore:
         self._locked = True
 
     def relation(self, query: str) -> duckdb.DuckDBPyRelation:
-        if self.team is not None:
+        if self.sandbox:
             check_select(self.con, query, allowed_tables=set(VIEWS))
         return self.con.sql(query)
 

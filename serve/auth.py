@@ -1,0 +1,44 @@
+"""Who is calling: the admin, a team (by its API key), or an anonymous caller when keys are
+optional (the local profile)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from serve.config import GatewayConfig
+from serve.errors import APIError
+from serve.keys import KeyStore
+
+
+@dataclass(frozen=True)
+class Caller:
+    team: str
+    key_id: str | None
+    admin: bool = False
+    anonymous: bool = False
+
+
+def bearer(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() or None if auth[:7].lower() == "bearer " else None
+
+
+def _invalid_key(message: str) -> APIError:
+    return APIError(401, message, type="invalid_request_error", code="invalid_api_key")
+
+
+def authenticate(request: Request, config: GatewayConfig, keys: KeyStore | None) -> Caller:
+    key = bearer(request)
+    if key and config.admin_key and key == config.admin_key:
+        return Caller(team="admin", key_id="admin", admin=True)
+    record = keys.lookup(key) if (key and keys) else None
+    if record is not None:
+        if record.revoked:
+            raise _invalid_key(f"The API key {record.id} has been revoked.")
+        return Caller(team=record.team, key_id=record.id)
+    if config.require_api_key:
+        raise _invalid_key("Incorrect API key provided." if key else
+                           "You didn't provide an API key (Authorization: Bearer <key>).")
+    return Caller(team="default", key_id=None, anonymous=True)

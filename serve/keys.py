@@ -1,0 +1,86 @@
+"""API keys: stored hashed, each mapped to a team; managed with `flywheel keys`.
+
+The key file is JSON written atomically; gateways re-read it when it changes, so a key created
+or revoked on the command line takes effect without a restart. Only a SHA-256 of each key is
+kept: a leaked file does not leak keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import threading
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class KeyRecord:
+    id: str
+    team: str
+    hash: str
+    name: str = ""
+    created: str = ""
+    revoked: bool = False
+
+
+class KeyStore:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._mtime: float | None = None
+        self._by_hash: dict[str, KeyRecord] = {}
+
+    def _load(self) -> list[KeyRecord]:
+        if not self.path.exists():
+            return []
+        return [KeyRecord(**k) for k in json.loads(self.path.read_text()).get("keys", [])]
+
+    def _save(self, keys: list[KeyRecord]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"keys": [asdict(k) for k in keys]}, indent=2))
+        tmp.chmod(0o600)
+        os.replace(tmp, self.path)
+
+    def create(self, team: str, name: str = "") -> tuple[KeyRecord, str]:
+        """A new key for ``team``; the plaintext is returned once and never stored."""
+        if not team or not team.replace("-", "").replace("_", "").isalnum():
+            raise ValueError("team names use letters, digits, '-' and '_'")
+        key = "fw-" + secrets.token_urlsafe(32)
+        rec = KeyRecord(id="key-" + secrets.token_hex(6), team=team, hash=hash_key(key), name=name,
+                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        with self._lock:
+            self._save(self._load() + [rec])
+        return rec, key
+
+    def list(self) -> list[KeyRecord]:
+        return self._load()
+
+    def revoke(self, key_id: str) -> KeyRecord:
+        with self._lock:
+            keys = self._load()
+            for k in keys:
+                if k.id == key_id:
+                    k.revoked = True
+                    self._save(keys)
+                    return k
+        raise KeyError(f"no key with id {key_id!r}")
+
+    def lookup(self, key: str) -> KeyRecord | None:
+        """The key's record (revoked ones included), re-reading the file if it changed."""
+        try:
+            mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            mtime = None
+        if mtime != self._mtime:
+            self._by_hash = {k.hash: k for k in self._load()}
+            self._mtime = mtime
+        return self._by_hash.get(hash_key(key))

@@ -1,0 +1,81 @@
+"""Data teams query traces over HTTP: their own rows only, and nothing but the store."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serve.app import create_app
+from serve.config import Deployment, GatewayConfig, ModelRoute
+from serve.keys import KeyStore
+from traces.writer import TraceWriter
+
+
+@pytest.fixture
+def setup(tmp_path):
+    root = tmp_path / "traces"
+    writer = TraceWriter(root, "seed")
+    for i in range(6):
+        writer.submit({"trace_id": f"tr-{i}", "team": "red" if i < 4 else "blue",
+                       "gen_ai_request_model": "tiny", "http_status": 200,
+                       "prompt_token_ids": [1, 2, 3], "completion_token_ids": [i]})
+    writer.close()
+    keys = KeyStore(tmp_path / "keys.json")
+    _, red = keys.create("red")
+    revoked_rec, revoked = keys.create("red")
+    keys.revoke(revoked_rec.id)
+    cfg = GatewayConfig(deployments=[Deployment(name="d", url="http://127.0.0.1:9")],
+                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+                        traces_dir=str(root), keys_file=str(tmp_path / "keys.json"), admin_key="adm")
+    with TestClient(create_app(cfg)) as client:
+        yield client, {"red": red, "revoked": revoked, "admin": "adm"}
+
+
+def q(client, key, sql):
+    return client.post("/v1/traces/query", json={"sql": sql},
+                       headers={"Authorization": f"Bearer {key}"} if key else {})
+
+
+def test_a_team_key_sees_only_its_own_rows_and_the_admin_sees_all(setup):
+    client, keys = setup
+    r = q(client, keys["red"], "SELECT team, count(*) AS n FROM traces GROUP BY team")
+    assert r.status_code == 200, r.text
+    assert r.json()["rows"] == [["red", 4]] and r.json()["scope"] == "red"
+    r = q(client, keys["admin"], "SELECT team, count(*) FROM traces GROUP BY team ORDER BY team")
+    assert r.json()["rows"] == [["blue", 2], ["red", 4]]
+    r = q(client, keys["red"], "WITH mine AS (SELECT * FROM traces_full) "
+                               "SELECT count(*) FROM mine, sessions WHERE true")
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("sql", [
+    "DELETE FROM traces",
+    "CREATE TABLE x AS SELECT 1",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM traces WHERE trace_id IN (SELECT column0 FROM read_csv('/etc/passwd'))",
+    "ATTACH '/tmp/other.db' AS other",
+    "COPY (SELECT * FROM traces) TO '/tmp/leak.csv'",
+    "SELECT * FROM _traces_raw",
+    "SELECT * FROM read_parquet('**/*.parquet')",
+    "SELECT 1; SELECT 2",
+    "SET enable_external_access = true",
+])
+def test_writes_file_access_and_scope_escapes_are_refused_with_400(setup, sql):
+    client, keys = setup
+    for key in (keys["red"], keys["admin"]):
+        r = q(client, key, sql)
+        assert r.status_code == 400, (sql, r.text)
+        err = r.json()["error"]
+        assert err["param"] == "sql" and err["message"]
+
+
+def test_missing_bad_or_revoked_keys_get_401(setup):
+    client, keys = setup
+    assert q(client, None, "SELECT 1").status_code == 401
+    assert q(client, "fw-not-a-key", "SELECT 1").status_code == 401
+    r = q(client, keys["revoked"], "SELECT 1")
+    assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+
+
+def test_sql_errors_are_400_not_500(setup):
+    client, keys = setup
+    r = q(client, keys["red"], "SELECT no_such_column FROM traces")
+    assert r.status_code == 400 and "no_such_column" in r.json()["error"]["message"]
