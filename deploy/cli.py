@@ -191,5 +191,61 @@ def keys_revoke(key_id: str, profile: str = ProfileOpt, set_: Optional[list[str]
     console.print(f"revoked {key_id}")
 
 
+
+def _traces_root(profile: str, set_: Optional[list[str]], traces_dir: Optional[Path]) -> Path:
+    return traces_dir or _config(profile, set_).traces_path
+
+
+TracesDirOpt = typer.Option(None, help="defaults to the profile's trace dir")
+
+
+@traces_app.command("doctor")
+def traces_doctor(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
+                  traces_dir: Optional[Path] = TracesDirOpt,
+                  as_json: bool = typer.Option(False, "--json")):
+    """Spool backlog, file counts, schema versions, anything unreadable. Exit 1 if unhealthy."""
+    from traces.housekeeping import doctor
+
+    r = doctor(_traces_root(profile, set_, traces_dir))
+    problems = r["unreadable"] + r["interrupted_compactions"] + r["stray_temp_files"]
+    if as_json:
+        print(json.dumps(r, indent=2))
+    else:
+        backlog = sum(s["records"] for s in r["spool"].values())
+        console.print(f"store {r['root']}: {r['rows']:,} rows in {r['files']} files "
+                      f"({r['bytes'] / 1e6:.1f} MB, {r['partitions']} partitions, "
+                      f"{r['small_files']} small); schema versions {r['schema_versions']}")
+        console.print(f"spool backlog: {backlog} records in "
+                      f"{sum(s['segments'] for s in r['spool'].values())} segments "
+                      f"({', '.join(r['spool']) or 'no writers'})")
+        for p in problems:
+            console.print(f"[red]problem:[/] {p}")
+        if r["small_files"] > 100:
+            console.print("[yellow]many small files: run `flywheel traces compact`[/]")
+    raise typer.Exit(1 if problems else 0)
+
+
+@traces_app.command("compact")
+def traces_compact(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
+                   traces_dir: Optional[Path] = TracesDirOpt):
+    """Merge each partition's small Parquet files into one (safe while gateways write)."""
+    from traces.housekeeping import compact
+
+    r = compact(_traces_root(profile, set_, traces_dir))
+    console.print(f"compacted {r['files_in']} files into {r['files_out']} "
+                  f"({r['rows']:,} rows, {r['partitions']} partitions)")
+
+
+@traces_app.command("retain")
+def traces_retain(days: int = typer.Option(..., help="keep this many days"),
+                  profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
+                  traces_dir: Optional[Path] = TracesDirOpt):
+    """Delete date partitions older than --days."""
+    from traces.housekeeping import retain
+
+    removed = retain(_traces_root(profile, set_, traces_dir), days)
+    console.print(f"removed {len(removed)} day(s): {', '.join(removed) or '-'}")
+
+
 if __name__ == "__main__":
     app()

@@ -32,6 +32,15 @@ def segment_seq(path: Path) -> int:
     return int(path.stem.split("-")[1])
 
 
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a rename is durable only once its directory is synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_segment(path: Path) -> tuple[list[dict], int]:
     """All intact records of a segment, and the byte offset where intact frames end."""
     data = path.read_bytes()

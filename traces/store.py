@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from traces.guard import check_select
+from traces.housekeeping import JOURNAL, partitions, visible_files
 from traces.prefix import reconstruct_prompts
 from traces.schema import TRACE_SCHEMA
 
@@ -85,8 +86,17 @@ class TraceStore:
         """(Re)define the views so they see files written since the last call."""
         if getattr(self, "_locked", False):
             raise RuntimeError("a sandboxed store is fixed at creation; open a new one")
-        sources = [f"SELECT * FROM read_parquet({_sql_str(str(self.root / g))}, hive_partitioning = true, "
-                   f"union_by_name = true)" for g in LAYOUTS if next(self.root.glob(g), None)]
+        sources = []
+        for layout in LAYOUTS:
+            if next(self.root.glob(layout), None) is None:
+                continue
+            files = _sql_str(str(self.root / layout))
+            if layout == LAYOUTS[0] and next(self.root.glob(f"date=*/model=*/{JOURNAL}"), None):
+                # mid-compaction: list files explicitly so no row is read twice
+                files = "[" + ", ".join(_sql_str(str(f)) for part in partitions(self.root)
+                                        for f in visible_files(part)) + "]"
+            sources.append(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, "
+                           f"union_by_name = true)")
         if sources:
             raw = " UNION ALL BY NAME ".join(sources)
         else:  # a glob that matches nothing is an error in DuckDB: serve an empty, typed view

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from traces.prefix import PrefixEncoder
 from traces.schema import check_record, to_table
-from traces.spool import Spool, read_segment, segment_seq
+from traces.spool import Spool, fsync_path, read_segment, segment_seq
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +117,9 @@ class TraceWriter:
             name = f"{self.instance}-{segment_seq(segment):012d}.parquet"
             tmp = part / f".{name}.tmp"
             pq.write_table(to_table(rows), tmp, compression="zstd")
-            _fsync_path(tmp)
+            fsync_path(tmp)
             os.replace(tmp, part / name)
-            _fsync_path(part)
+            fsync_path(part)
         segment.unlink()
         return len(by_id)
 
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

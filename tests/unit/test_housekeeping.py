@@ -1,0 +1,73 @@
+import json
+from datetime import date, datetime, timedelta, timezone
+
+import pyarrow.parquet as pq
+
+from traces.housekeeping import JOURNAL, compact, doctor, partitions, recover, retain
+from traces.store import TraceStore
+from traces.writer import TraceWriter
+
+
+def fill(root, n_files: int, per_file: int = 5, when=None, instance="gw"):
+    writer = TraceWriter(root, instance, max_age_s=3600)
+    i = 0
+    for _ in range(n_files):
+        for _ in range(per_file):
+            writer.submit({"trace_id": f"{instance}-{i}", "gen_ai_request_model": "m", "http_status": 200,
+                           "time_received": when or datetime.now(timezone.utc),
+                           "completion_token_ids": [i]}).result(5)
+            i += 1
+        writer.flush()
+    writer.close()
+
+
+def test_compaction_merges_small_files_without_losing_or_duplicating_rows(tmp_path):
+    fill(tmp_path, 6)
+    part = partitions(tmp_path)[0]
+    assert len(list(part.glob("*.parquet"))) == 6
+    report = compact(tmp_path)
+    assert report == {"partitions": 1, "files_in": 6, "files_out": 1, "rows": 30}
+    [out] = list(part.glob("*.parquet"))
+    assert pq.read_metadata(out).metadata[b"flywheel.schema_version"] == b"2"
+    store = TraceStore(tmp_path)
+    assert store.sql("SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces").to_pylist() == \
+        [{"n": 30, "d": 30}]
+
+
+def test_an_interrupted_compaction_is_invisible_to_readers_and_recovered(tmp_path):
+    fill(tmp_path, 3)
+    part = partitions(tmp_path)[0]
+    names = sorted(p.name for p in part.glob("*.parquet"))
+    # Simulate a crash after the output was renamed into place but before the inputs went.
+    compact(tmp_path)
+    [out] = list(part.glob("*.parquet"))
+    fill(tmp_path, 3)  # same trace ids and file names as the compacted inputs
+    assert sorted(p.name for p in part.glob("gw-*.parquet")) == names
+    (part / JOURNAL).write_text(json.dumps({"inputs": names, "output": out.name}))
+    assert TraceStore(tmp_path).count() == 15  # inputs hidden: nothing counted twice
+    assert recover(tmp_path) == 1
+    assert [p.name for p in part.glob("*.parquet")] == [out.name]
+    assert TraceStore(tmp_path).count() == 15
+
+
+def test_retention_drops_only_old_days(tmp_path):
+    today = datetime.now(timezone.utc)
+    fill(tmp_path, 1, when=today - timedelta(days=10), instance="old")
+    fill(tmp_path, 1, when=today, instance="new")
+    removed = retain(tmp_path, days=7, today=today.date())
+    assert removed == [(today - timedelta(days=10)).date().isoformat()]
+    assert TraceStore(tmp_path).sql("SELECT DISTINCT trace_id LIKE 'new-%' AS new FROM traces").to_pylist() == \
+        [{"new": True}]
+
+
+def test_doctor_reports_backlog_versions_and_unreadable_files(tmp_path):
+    fill(tmp_path, 2)
+    writer = TraceWriter(tmp_path, "busy", max_age_s=3600)
+    writer.submit({"trace_id": "pending", "gen_ai_request_model": "m"}).result(5)
+    part = partitions(tmp_path)[0]
+    (part / "broken.parquet").write_bytes(b"not parquet at all")
+    r = doctor(tmp_path)
+    assert r["spool"]["busy"]["records"] == 1
+    assert r["schema_versions"] == {"2": 2} and r["rows"] == 10
+    assert len(r["unreadable"]) == 1 and "broken.parquet" in r["unreadable"][0]
+    writer.close()

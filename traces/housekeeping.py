@@ -1,0 +1,164 @@
+"""Keeping the store fast and bounded: compaction, retention, and a doctor that says what is wrong.
+
+Compaction merges a partition's small files into one. It is crash-safe: a journal naming the
+inputs and the output is written first; the output appears by rename; then the inputs go, then
+the journal. ``recover`` finishes or undoes an interrupted compaction, and readers skip inputs
+whose output already exists (``visible_files``), so no row is ever seen twice or lost.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+
+from traces.schema import SCHEMA_VERSION
+from traces.spool import SEGMENT_GLOB, fsync_path, read_segment
+
+JOURNAL = "_compaction.json"
+
+
+def partitions(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("date=*/model=*") if p.is_dir())
+
+
+def data_files(part: Path) -> list[Path]:
+    return sorted(p for p in part.glob("*.parquet") if not p.name.startswith("."))
+
+
+def visible_files(part: Path) -> list[Path]:
+    """The partition's files a reader should see (mid-compaction inputs excluded)."""
+    files = data_files(part)
+    journal = part / JOURNAL
+    if journal.exists():
+        j = json.loads(journal.read_text())
+        if (part / j["output"]).exists():
+            hidden = set(j["inputs"])
+            files = [f for f in files if f.name not in hidden]
+    return files
+
+
+@contextmanager
+def _exclusive(root: Path):
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "_housekeeping.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def recover(root: Path) -> int:
+    """Finish (output exists) or roll back (it does not) interrupted compactions."""
+    fixed = 0
+    for journal in root.glob(f"date=*/model=*/{JOURNAL}"):
+        part = journal.parent
+        j = json.loads(journal.read_text())
+        if (part / j["output"]).exists():
+            for name in j["inputs"]:
+                (part / name).unlink(missing_ok=True)
+        else:
+            (part / f".{j['output']}.tmp").unlink(missing_ok=True)
+        journal.unlink()
+        fixed += 1
+    return fixed
+
+
+def compact(root: str | Path, min_files: int = 2, max_file_bytes: int = 256 << 20) -> dict:
+    """Merge each partition's files smaller than ``max_file_bytes`` into one file."""
+    root = Path(root)
+    report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
+    with _exclusive(root):
+        recover(root)
+        con = duckdb.connect()
+        for part in partitions(root):
+            inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes]
+            if len(inputs) < min_files:
+                continue
+            names = [f.name for f in inputs]
+            output = "compact-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:16] + ".parquet"
+            journal = part / JOURNAL
+            journal.write_text(json.dumps({"inputs": names, "output": output}))
+            fsync_path(journal)
+            tmp = part / f".{output}.tmp"
+            files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in inputs)
+            rows = con.execute(
+                f"COPY (SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false) "
+                f"QUALIFY row_number() OVER (PARTITION BY trace_id ORDER BY time_done DESC NULLS LAST) = 1) "
+                f"TO '{str(tmp).replace(chr(39), chr(39) * 2)}' (FORMAT parquet, COMPRESSION zstd, "
+                f"KV_METADATA {{'flywheel.schema_version': '{_max_version(inputs)}'}})"
+            ).fetchall()[0][0]
+            fsync_path(tmp)
+            os.replace(tmp, part / output)
+            fsync_path(part)
+            for f in inputs:
+                f.unlink()
+            journal.unlink()
+            report["partitions"] += 1
+            report["files_in"] += len(inputs)
+            report["files_out"] += 1
+            report["rows"] += rows
+    return report
+
+
+def _max_version(files: list[Path]) -> int:
+    versions = [int((pq.read_metadata(f).metadata or {}).get(b"flywheel.schema_version", b"1"))
+                for f in files]
+    return max(versions + [1]) if versions else SCHEMA_VERSION
+
+
+def retain(root: str | Path, days: int, today: date | None = None) -> list[str]:
+    """Delete date partitions older than ``days`` days; returns the dates removed."""
+    root = Path(root)
+    cutoff = (today or datetime.now(timezone.utc).date()) - timedelta(days=days)
+    removed = []
+    with _exclusive(root):
+        for d in sorted(root.glob("date=*")):
+            try:
+                day = date.fromisoformat(d.name.split("=", 1)[1])
+            except ValueError:
+                continue
+            if day < cutoff:
+                shutil.rmtree(d)
+                removed.append(day.isoformat())
+    return removed
+
+
+def doctor(root: str | Path) -> dict:
+    """Spool backlog, files, schema versions and anything unreadable, for `flywheel traces doctor`."""
+    root = Path(root)
+    report: dict = {"root": str(root), "spool": {}, "partitions": 0, "files": 0, "bytes": 0,
+                    "small_files": 0, "rows": 0, "schema_versions": {}, "unreadable": [],
+                    "interrupted_compactions": [], "stray_temp_files": []}
+    for inst in sorted((root / "_spool").glob("*")):
+        segs = sorted(inst.glob(SEGMENT_GLOB))
+        report["spool"][inst.name] = {"segments": len(segs), "bytes": sum(s.stat().st_size for s in segs),
+                                      "records": sum(len(read_segment(s)[0]) for s in segs)}
+    for f in sorted(root.glob("date=*/**/*.parquet")):
+        if f.name.startswith("."):
+            continue
+        report["files"] += 1
+        size = f.stat().st_size
+        report["bytes"] += size
+        report["small_files"] += size < (8 << 20)
+        try:
+            meta = pq.read_metadata(f)
+        except Exception as exc:
+            report["unreadable"].append(f"{f.relative_to(root)}: {exc}")
+            continue
+        report["rows"] += meta.num_rows
+        kv = meta.metadata or {}
+        version = kv.get(b"flywheel.schema_version", b"?").decode()
+        if version == "?" and "schema_version" in meta.schema.names:
+            version = "unlabelled"
+        report["schema_versions"][version] = report["schema_versions"].get(version, 0) + 1
+    report["partitions"] = len({f.parent for f in root.glob("date=*/**/*.parquet")})
+    report["interrupted_compactions"] = [str(j.relative_to(root)) for j in root.glob(f"date=*/**/{JOURNAL}")]
+    report["stray_temp_files"] = [str(t.relative_to(root)) for t in root.glob("date=*/**/.*.tmp")]
+    return report
