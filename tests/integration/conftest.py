@@ -34,3 +34,17 @@ def gateway_url(stack):
 def openai_client(gateway_url):
     from openai import OpenAI
     return OpenAI(base_url=f"{gateway_url}/v1", api_key="test-key", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def sim_stack(tmp_path_factory):
+    """Dynamo's mocker engine (2 workers) behind the real frontend and gateway."""
+    home = tmp_path_factory.mktemp("flywheel-sim")
+    cfg = load_config("sim", [f"home={home}", "gateway.port=19000", "frontend.port=19100",
+                              "worker.system_port_base=19200", "worker.nixl_port_base=15700",
+                              "worker.speedup_ratio=20"], environ={})
+    up(cfg)
+    try:
+        yield cfg
+    finally:
+        down(cfg)

@@ -20,7 +20,7 @@ def trace_row(stack, trace_id: str, timeout_s: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         store.refresh()
-        rows = store.sql(f"SELECT * FROM traces WHERE trace_id = '{trace_id}'").to_pylist()
+        rows = store.sql(f"SELECT * FROM traces_full WHERE trace_id = '{trace_id}'").to_pylist()
         if rows:
             return rows[0]
         time.sleep(0.2)
