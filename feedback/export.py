@@ -19,7 +19,7 @@ DEFAULT_SFT_SQL = ("SELECT * FROM traces WHERE http_status = 200 AND error IS NU
                    "AND finish_reason IS NOT NULL")
 
 
-def _sft_row(r: dict) -> dict:
+def _sft_row(r: dict, prompt_ids: list[int]) -> dict:
     prompt = json.loads(r["gen_ai_input_messages"]) if r["gen_ai_input_messages"] else None
     if r["gen_ai_operation_name"] == "chat":
         messages = [{"role": m["role"], "content": _text(m.get("content"))} for m in prompt]
@@ -28,7 +28,7 @@ def _sft_row(r: dict) -> dict:
     messages.append({"role": "assistant", "content": r["response_content"] or ""})
     return {
         "trace_id": r["trace_id"], "messages": messages,
-        "prompt_token_ids": r["prompt_token_ids"], "completion_token_ids": r["completion_token_ids"],
+        "prompt_token_ids": prompt_ids, "completion_token_ids": r["completion_token_ids"],
         "model": r["gen_ai_request_model"], "checkpoint_version": r["checkpoint_version"],
     }
 
@@ -57,7 +57,12 @@ def export_sft(store: TraceStore, out_dir: str | Path, sql: str = DEFAULT_SFT_SQ
     missing = {"trace_id", "gen_ai_input_messages", "response_content"} - set(table.column_names)
     if missing:
         raise ValueError(f"the export query must return whole trace rows; missing {sorted(missing)}")
-    rows = [_sft_row(r) for r in table.to_pylist()]
+    records = table.to_pylist()
+    if "prompt_token_ids" in table.column_names:  # selected from traces_full
+        prompts = {r["trace_id"]: r["prompt_token_ids"] for r in records}
+    else:  # rebuild prompts stored as prefix references
+        prompts = store.prompt_token_ids([r["trace_id"] for r in records])
+    rows = [_sft_row(r, prompts.get(r["trace_id"])) for r in records]
     if not rows:
         raise ValueError("the export query matched no traces")
     out = Path(out_dir)
