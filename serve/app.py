@@ -7,7 +7,6 @@ queued, never written on the response path.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -42,7 +41,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         """Wait until the trace is fsync'd: a response is finished only after its record is.
         A failing disk is logged, not turned into a failed request."""
         try:
-            await asyncio.wrap_future(writer.submit(record))
+            await writer.write_async(record)
         except Exception:
             log.exception("trace %s could not be made durable", record.get("trace_id"))
     routes: dict[str, ModelRoute] = dict(config.models)

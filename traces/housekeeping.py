@@ -139,7 +139,8 @@ def doctor(root: str | Path) -> dict:
     for inst in sorted((root / "_spool").glob("*")):
         segs = sorted(inst.glob(SEGMENT_GLOB))
         report["spool"][inst.name] = {"segments": len(segs), "bytes": sum(s.stat().st_size for s in segs),
-                                      "records": sum(len(read_segment(s)[0]) for s in segs)}
+                                      # minus each segment's header frame
+                                      "records": sum(max(len(read_segment(s)[0]) - 1, 0) for s in segs)}
     for f in sorted(root.glob("date=*/**/*.parquet")):
         if f.name.startswith("."):
             continue

@@ -37,10 +37,10 @@ class PrefixEncoder:
         out = dict(record)
         prompt = out.pop("prompt_token_ids", None)
         out.update(prompt_prefix_trace_id=None, prompt_prefix_len=None, prompt_new_token_ids=prompt)
-        if not prompt:
-            return out
-        arr = np.asarray(prompt, dtype=np.int32)
         session = record.get("gen_ai_conversation_id")
+        if not prompt or not (session or record.get("parent_trace_id")):
+            return out  # a one-off request: nothing to share a prefix with
+        arr = np.asarray(prompt, dtype=np.int32)
         with self._lock:
             ref = self._reference(record, session, partition)
             if ref is not None:

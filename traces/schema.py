@@ -20,6 +20,9 @@ readable; bump ``SCHEMA_VERSION`` whenever a column is added, renamed or changes
 
 from __future__ import annotations
 
+import struct
+
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = 2
@@ -88,13 +91,53 @@ def check_record(record: dict) -> dict:
     return record
 
 
-def to_table(rows: list[dict]) -> pa.Table:
-    """Stored rows -> an Arrow table, built column by column (several times faster than
-    ``Table.from_pylist`` for wide records)."""
+# Numeric list columns travel through the spool as packed little-endian bytes: ~4x cheaper to
+# decode than msgpack lists, and they become Arrow list columns without a per-element loop.
+PACKED = {"prompt_new_token_ids": ("i", np.int32), "completion_token_ids": ("i", np.int32),
+          "completion_logprobs": ("f", np.float32)}
+
+
+STORED_FIELDS = [f.name for f in TRACE_SCHEMA if f.name != "schema_version"]
+SPOOL_HEADER = {"fields": STORED_FIELDS, "schema_version": SCHEMA_VERSION}
+
+
+def to_row(stored: dict) -> list:
+    """A stored record as a positional row (``STORED_FIELDS`` order), numeric lists packed.
+    Positional rows decode ~2x faster than maps and transpose into columns in C; each spool
+    segment starts with ``SPOOL_HEADER`` so a segment is read with the field order it was
+    written with, even by a newer version of this code."""
+    for name, (code, _) in PACKED.items():
+        value = stored.get(name)
+        if value is not None and not isinstance(value, bytes):
+            stored[name] = struct.pack(f"<{len(value)}{code}", *value)
+    return [stored.get(f) for f in STORED_FIELDS]
+
+
+def _packed_column(values: list, dtype, type_: pa.DataType) -> pa.Array:
+    if all(v is None or isinstance(v, bytes) for v in values):
+        itemsize = np.dtype(dtype).itemsize
+        lengths = np.fromiter((0 if v is None else len(v) // itemsize for v in values), np.int64, len(values))
+        offsets = np.zeros(len(values) + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.frombuffer(b"".join(v for v in values if v is not None), dtype=dtype)
+        mask = np.fromiter((v is None for v in values), bool, len(values))
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type_.value_type),
+                                        mask=pa.array(mask) if mask.any() else None)
+    return pa.array([np.frombuffer(v, dtype).tolist() if isinstance(v, bytes) else v for v in values], type_)
+
+
+def rows_to_table(fields: list[str], rows: list[list]) -> pa.Table:
+    """Positional rows (in ``fields`` order) -> an Arrow table with the current schema."""
+    by_name = dict(zip(fields, zip(*rows))) if rows else {}
     columns = []
     for f in TRACE_SCHEMA:
+        values = by_name.get(f.name)
         if f.name == "schema_version":
-            columns.append(pa.array([SCHEMA_VERSION] * len(rows), f.type))
+            columns.append(pa.array(np.full(len(rows), SCHEMA_VERSION, np.int16)))
+        elif values is None:
+            columns.append(pa.nulls(len(rows), f.type))
+        elif f.name in PACKED:
+            columns.append(_packed_column(list(values), PACKED[f.name][1], f.type))
         else:
-            columns.append(pa.array([r.get(f.name) for r in rows], f.type))
+            columns.append(pa.array(values, f.type))
     return pa.Table.from_arrays(columns, schema=TRACE_SCHEMA)

@@ -2,8 +2,9 @@
 
 Records go to numbered segment files as frames ``[u32 length][u32 crc32][msgpack record]``.
 One thread writes and fsyncs whatever has queued up while the previous fsync ran (group
-commit), then completes each record's future: a caller that waited on its future knows the
-record is on disk. A crash can leave a torn last frame; readers stop at the first frame whose
+commit), then advances the durable watermark and runs each record's callback: a caller that
+waited for its ticket (``wait``) or got its callback knows the record is on disk. Tickets are
+plain integers so bulk producers pay nothing per record for synchronisation. A crash can leave a torn last frame; readers stop at the first frame whose
 length or checksum does not match, which can only be a frame nobody was told was durable.
 """
 
@@ -14,7 +15,7 @@ import queue
 import struct
 import threading
 import zlib
-from concurrent.futures import Future
+from typing import Callable
 from pathlib import Path
 import msgspec
 
@@ -30,6 +31,10 @@ def segment_path(directory: Path, seq: int) -> Path:
 
 def segment_seq(path: Path) -> int:
     return int(path.stem.split("-")[1])
+
+
+def _frame(payload: bytes) -> bytes:
+    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
 def fsync_path(path: Path) -> None:
@@ -56,23 +61,40 @@ def read_segment(path: Path) -> tuple[list[dict], int]:
     return records, pos
 
 
-class Spool:
-    """Segments under ``directory``; ``append`` returns a future resolved once fsync'd."""
+class SpoolError(RuntimeError):
+    """A record could not be made durable (the write or fsync failed, or the spool closed)."""
 
-    def __init__(self, directory: str | Path, fsync: bool = True):
+
+class Spool:
+    """Segments under ``directory``; ``append`` returns a ticket that ``wait`` turns into
+    "this record is fsync'd"."""
+
+    def __init__(self, directory: str | Path, fsync: bool = True, header: dict | None = None):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         existing = self.segments()
         # A previous process's segments are left for replay; we never append to them.
         self._seq = (segment_seq(existing[-1]) + 1) if existing else 1
-        self._file = open(segment_path(self.dir, self._seq), "ab")
+        self._header = _frame(_encoder.encode(header)) if header is not None else b""
+        self._file = self._open_segment()
         self._records_in_segment = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards segment rotation against the writer thread
         self._closed = False
+        self._ticket_lock = threading.Lock()  # ticket order == queue order
+        self._next_ticket = 0
+        self._durable = -1                    # every ticket <= this one is on disk or failed
+        self._failed: dict[int, BaseException] = {}
+        self._durable_cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="trace-spool", daemon=True)
         self._thread.start()
+
+    def _open_segment(self):
+        """Every segment starts with the header frame (if any), so it decodes on its own."""
+        f = open(segment_path(self.dir, self._seq), "ab")
+        f.write(self._header)
+        return f
 
     def segments(self) -> list[Path]:
         return sorted(self.dir.glob(SEGMENT_GLOB), key=segment_seq)
@@ -85,13 +107,29 @@ class Spool:
     def records_in_segment(self) -> int:
         return self._records_in_segment
 
-    def append(self, record: dict) -> Future:
-        fut: Future = Future()
+    def append(self, record: dict, callback: Callable[[BaseException | None], None] | None = None) -> int:
+        """Queue a record; returns its ticket. ``callback(None)`` (or ``callback(error)``) runs
+        on the spool thread once the record is durable (or could not be made so)."""
         if self._closed:
-            fut.set_exception(RuntimeError("spool is closed"))
-            return fut
-        self._queue.put((_encoder.encode(record), fut))
-        return fut
+            raise SpoolError("the trace spool is closed")
+        payload = _encoder.encode(record)
+        with self._ticket_lock:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._queue.put((payload, ticket, callback))
+        return ticket
+
+    @property
+    def last_ticket(self) -> int:
+        return self._next_ticket - 1
+
+    def wait(self, ticket: int, timeout: float | None = None) -> None:
+        """Block until ``ticket`` is durable; raises SpoolError if it failed or on timeout."""
+        with self._durable_cond:
+            if not self._durable_cond.wait_for(lambda: self._durable >= ticket, timeout):
+                raise SpoolError(f"record {ticket} not durable after {timeout} s")
+            if ticket in self._failed:
+                raise SpoolError(f"record {ticket} was not written: {self._failed[ticket]}")
 
     def rotate(self) -> Path | None:
         """Seal the current segment (if it holds records) and start a new one; returns the
@@ -102,7 +140,7 @@ class Spool:
             sealed = segment_path(self.dir, self._seq)
             self._file.close()
             self._seq += 1
-            self._file = open(segment_path(self.dir, self._seq), "ab")
+            self._file = self._open_segment()
             self._records_in_segment = 0
             return sealed
 
@@ -113,7 +151,7 @@ class Spool:
         with self._lock:
             self._file.close()
             path = segment_path(self.dir, self._seq)
-            if self._records_in_segment == 0 and path.exists() and path.stat().st_size == 0:
+            if self._records_in_segment == 0 and path.exists() and path.stat().st_size <= len(self._header):
                 path.unlink()
 
     def _run(self) -> None:
@@ -134,10 +172,8 @@ class Spool:
                 self._write(batch)
 
     def _write(self, batch: list) -> None:
-        buf = bytearray()
-        for payload, _ in batch:
-            buf += _HEADER.pack(len(payload), zlib.crc32(payload))
-            buf += payload
+        buf = b"".join(_frame(payload) for payload, _, _ in batch)
+        error: BaseException | None = None
         try:
             with self._lock:
                 self._file.write(buf)
@@ -146,8 +182,12 @@ class Spool:
                     os.fsync(self._file.fileno())
                 self._records_in_segment += len(batch)
         except BaseException as exc:  # the disk said no: every waiter must hear it
-            for _, fut in batch:
-                fut.set_exception(exc)
-            return
-        for _, fut in batch:
-            fut.set_result(None)
+            error = exc
+        with self._durable_cond:
+            if error is not None:
+                self._failed.update((ticket, error) for _, ticket, _ in batch)
+            self._durable = batch[-1][1]
+            self._durable_cond.notify_all()
+        for _, _, callback in batch:
+            if callback is not None:
+                callback(error)

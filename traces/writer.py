@@ -11,11 +11,13 @@ is stored twice. Several writer processes may share a root; each needs its own `
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 import time
-from concurrent.futures import Future
+from functools import lru_cache
+from typing import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
@@ -23,16 +25,27 @@ from urllib.parse import quote
 import pyarrow.parquet as pq
 
 from traces.prefix import PrefixEncoder
-from traces.schema import check_record, to_table
-from traces.spool import Spool, fsync_path, read_segment, segment_seq
+from traces.schema import SPOOL_HEADER, check_record, rows_to_table, to_row
+from traces.spool import Spool, SpoolError, fsync_path, read_segment, segment_seq
 
 log = logging.getLogger(__name__)
 
 
 def partition_of(record: dict) -> tuple[str, str]:
     ts = record.get("time_received") or datetime.now(timezone.utc)
-    return ts.astimezone(timezone.utc).strftime("%Y-%m-%d"), quote(
-        record.get("gen_ai_request_model") or "unknown", safe="")
+    if ts.tzinfo is not timezone.utc:
+        ts = ts.astimezone(timezone.utc)
+    return _day(ts.date()), _model_dir(record.get("gen_ai_request_model") or "unknown")
+
+
+@lru_cache(maxsize=1024)
+def _day(d) -> str:
+    return d.isoformat()
+
+
+@lru_cache(maxsize=4096)
+def _model_dir(model: str) -> str:
+    return quote(model, safe="")
 
 
 def spool_dir(root: Path, instance: str) -> Path:
@@ -41,36 +54,50 @@ def spool_dir(root: Path, instance: str) -> Path:
 
 class TraceWriter:
     def __init__(self, root: str | Path, instance: str = "default", max_batch: int = 10_000,
-                 max_age_s: float = 1.0, fsync: bool = True):
+                 max_age_s: float = 1.0, fsync: bool = True, prefix_refs: bool = True):
         self.root, self.instance = Path(root), instance
         self.max_batch, self.max_age_s = max_batch, max_age_s
         self.root.mkdir(parents=True, exist_ok=True)
-        self.prefix = PrefixEncoder()
-        self.spool = Spool(spool_dir(self.root, instance), fsync=fsync)
+        # prefix_refs=False stores every prompt whole (only benchmarks compare the two)
+        self.prefix = PrefixEncoder(min_shared=64 if prefix_refs else 1 << 62)
+        self.spool = Spool(spool_dir(self.root, instance), fsync=fsync, header=SPOOL_HEADER)
         self._move_lock = threading.Lock()
-        self._last: Future | None = None
-        self._submitted = 0
         self._stop = threading.Event()
         self.replayed = self._replay()
         self._thread = threading.Thread(target=self._run, name="trace-mover", daemon=True)
         self._thread.start()
 
-    def submit(self, record: dict) -> Future:
-        """Queue one record; the future resolves once it is durable (fsync'd to the spool)."""
+    def submit(self, record: dict, on_durable: Callable[[BaseException | None], None] | None = None) -> int:
+        """Queue one record; returns a ticket for ``wait_durable``. ``on_durable`` is called
+        (on the spool thread) with None once the record is fsync'd, or with the error."""
         check_record(record)
         date, _ = partition_of(record)
-        fut = self.spool.append(self.prefix.encode(record, date))
-        self._last = fut
-        self._submitted += 1
-        return fut
+        return self.spool.append(to_row(self.prefix.encode(record, date)), on_durable)
+
+    def wait_durable(self, ticket: int, timeout: float | None = 30.0) -> None:
+        self.spool.wait(ticket, timeout)
+
+    def write(self, record: dict, timeout: float | None = 30.0) -> None:
+        """Submit and wait until durable."""
+        self.wait_durable(self.submit(record), timeout)
+
+    async def write_async(self, record: dict) -> None:
+        """Submit and wait until durable, without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def done(error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, fut, error)
+
+        self.submit(record, done)
+        await fut
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Make every record submitted so far queryable in Parquet; False on timeout."""
-        last = self._last
-        if last is not None:
+        """Make every record submitted so far queryable in Parquet."""
+        if self.spool.last_ticket >= 0:
             try:
-                last.result(timeout)
-            except Exception:  # a failed write is reported to its own waiter
+                self.spool.wait(self.spool.last_ticket, timeout)
+            except SpoolError:  # a failed write is reported to its own waiter
                 pass
         self._move()
         return True
@@ -106,20 +133,39 @@ class TraceWriter:
                     log.exception("could not convert %s to Parquet", sealed)
 
     def _convert(self, segment: Path) -> int:
-        records, _ = read_segment(segment)
-        by_id = {r["trace_id"]: r for r in records}  # a replayed id keeps its last copy
-        groups: dict[tuple[str, str], list[dict]] = {}
+        fields, rows = read_rows(segment)
+        tid, ts, model = (fields.index(f) for f in ("trace_id", "time_received", "gen_ai_request_model"))
+        by_id = {r[tid]: r for r in rows}  # a replayed id keeps its last copy
+        groups: dict[tuple[str, str], list[list]] = {}
         for r in by_id.values():
-            groups.setdefault(partition_of(r), []).append(r)
+            groups.setdefault(partition_of({"time_received": r[ts], "gen_ai_request_model": r[model]}),
+                              []).append(r)
         for (date, model), rows in groups.items():
             part = self.root / f"date={date}" / f"model={model}"
             part.mkdir(parents=True, exist_ok=True)
             name = f"{self.instance}-{segment_seq(segment):012d}.parquet"
             tmp = part / f".{name}.tmp"
-            pq.write_table(to_table(rows), tmp, compression="zstd")
+            pq.write_table(rows_to_table(fields, rows), tmp, compression="zstd")
             fsync_path(tmp)
             os.replace(tmp, part / name)
             fsync_path(part)
         segment.unlink()
         return len(by_id)
 
+
+
+def read_rows(segment: Path) -> tuple[list[str], list[list]]:
+    """A writer segment's field order (from its header frame) and its intact rows."""
+    frames, _ = read_segment(segment)
+    if not frames or not isinstance(frames[0], dict) or "fields" not in frames[0]:
+        raise ValueError(f"{segment} has no header frame; not a trace writer segment")
+    return frames[0]["fields"], frames[1:]
+
+
+def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(SpoolError(f"trace not durable: {error}"))

@@ -13,9 +13,9 @@ def fill(root, n_files: int, per_file: int = 5, when=None, instance="gw"):
     i = 0
     for _ in range(n_files):
         for _ in range(per_file):
-            writer.submit({"trace_id": f"{instance}-{i}", "gen_ai_request_model": "m", "http_status": 200,
+            writer.write({"trace_id": f"{instance}-{i}", "gen_ai_request_model": "m", "http_status": 200,
                            "time_received": when or datetime.now(timezone.utc),
-                           "completion_token_ids": [i]}).result(5)
+                           "completion_token_ids": [i]})
             i += 1
         writer.flush()
     writer.close()
@@ -63,7 +63,7 @@ def test_retention_drops_only_old_days(tmp_path):
 def test_doctor_reports_backlog_versions_and_unreadable_files(tmp_path):
     fill(tmp_path, 2)
     writer = TraceWriter(tmp_path, "busy", max_age_s=3600)
-    writer.submit({"trace_id": "pending", "gen_ai_request_model": "m"}).result(5)
+    writer.write({"trace_id": "pending", "gen_ai_request_model": "m"})
     part = partitions(tmp_path)[0]
     (part / "broken.parquet").write_bytes(b"not parquet at all")
     r = doctor(tmp_path)

@@ -12,9 +12,9 @@ def agent_session(writer, session: str, turns: int, rng: random.Random, start=No
         completion = [rng.randrange(4000) for _ in range(rng.randrange(20, 80))]
         tid = f"{session}-{turn}"
         originals[tid] = list(prompt)
-        writer.submit({"trace_id": tid, "gen_ai_conversation_id": session, "gen_ai_request_model": "m",
+        writer.write({"trace_id": tid, "gen_ai_conversation_id": session, "gen_ai_request_model": "m",
                        "prompt_token_ids": list(prompt), "completion_token_ids": completion,
-                       "time_received": start or datetime.now(timezone.utc), "http_status": 200}).result(5)
+                       "time_received": start or datetime.now(timezone.utc), "http_status": 200})
         # the template re-renders the assistant turn: keep only some of its tokens, then add more
         prompt = prompt + completion[:rng.randrange(len(completion))] + \
             [rng.randrange(4000) for _ in range(rng.randrange(100, 400))]

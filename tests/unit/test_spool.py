@@ -8,9 +8,8 @@ from traces.writer import TraceWriter, spool_dir
 
 def test_acknowledged_records_are_on_disk_and_a_torn_tail_is_ignored(tmp_path):
     spool = Spool(tmp_path)
-    futs = [spool.append({"trace_id": f"t{i}", "ids": list(range(i))}) for i in range(50)]
-    for f in futs:
-        f.result(5)
+    tickets = [spool.append({"trace_id": f"t{i}", "ids": list(range(i))}) for i in range(50)]
+    spool.wait(tickets[-1], 5)
     seg = spool.rotate()
     spool.close()
     data = seg.read_bytes()
@@ -27,7 +26,7 @@ def test_acknowledged_records_are_on_disk_and_a_torn_tail_is_ignored(tmp_path):
 def test_replaying_a_segment_twice_stores_each_trace_once(tmp_path):
     writer = TraceWriter(tmp_path, "gw", max_age_s=60)
     for i in range(20):
-        writer.submit({"trace_id": f"tr-{i}", "gen_ai_request_model": "m", "http_status": 200}).result(5)
+        writer.write({"trace_id": f"tr-{i}", "gen_ai_request_model": "m", "http_status": 200})
     sealed = writer.spool.rotate()
     backup = tmp_path / "backup.spool"
     shutil.copy(sealed, backup)

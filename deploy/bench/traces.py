@@ -1,0 +1,148 @@
+"""Trace store benchmark: durable ingest, bytes per agent turn, GROUP BY at 1M / 10M rows.
+
+    .venv/bin/python -m deploy.bench.traces [--rows 200000] [--big 10000000]
+
+Ingest runs pinned to one core with fsync on: a row counts once its future resolved (it is in
+the spool on disk), and again once it is in Parquet. Everything is measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from traces.store import TraceStore
+from traces.writer import TraceWriter
+
+
+def chat_record(i: int, rng: random.Random, prompt_len: int, completion_len: int) -> dict:
+    now = datetime.now(timezone.utc)
+    msgs = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": " ".join(f"word{rng.randrange(1000)}" for _ in range(prompt_len // 2))}]
+    return {
+        "trace_id": f"tr-{i:012d}", "team": f"team{i % 7}", "api_key_id": "key-1",
+        "gen_ai_operation_name": "chat", "gen_ai_request_model": "tiny", "gen_ai_response_model": "tiny",
+        "checkpoint_version": "base", "deployment": "local", "worker_id": "123", "stream": bool(i % 2),
+        "gen_ai_input_messages": json.dumps(msgs), "sampling_params": '{"max_tokens": 256}',
+        "response_content": "x" * (completion_len * 4), "finish_reason": "stop",
+        "prompt_token_ids": [rng.randrange(4096) for _ in range(prompt_len)],
+        "completion_token_ids": [rng.randrange(4096) for _ in range(completion_len)],
+        "completion_logprobs": [-rng.random() for _ in range(completion_len)],
+        "time_received": now, "time_admitted": now, "time_first_token": now, "time_done": now,
+        "queue_wait_ms": 0.1, "ttft_ms": 12.5, "mean_itl_ms": 3.1,
+        "gen_ai_usage_input_tokens": prompt_len, "gen_ai_usage_output_tokens": completion_len,
+        "http_status": 200,
+    }
+
+
+def ingest(rows: int, prompt_len: int, completion_len: int) -> dict:
+    rng = random.Random(0)
+    pool = [chat_record(i, rng, prompt_len, completion_len) for i in range(min(rows, 2000))]
+    root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
+    try:
+        writer = TraceWriter(root, "bench", max_batch=20_000, max_age_s=2.0)
+        t0 = time.perf_counter()
+        ticket = 0
+        for i in range(rows):
+            rec = dict(pool[i % len(pool)])
+            rec["trace_id"] = f"tr-{i:012d}"
+            ticket = writer.submit(rec)
+        writer.wait_durable(ticket, timeout=None)
+        durable_s = time.perf_counter() - t0
+        writer.close()
+        parquet_s = time.perf_counter() - t0
+        spool_bytes = sum(len(json.dumps(r, default=str)) for r in pool) / len(pool) * rows
+        on_disk = sum(p.stat().st_size for p in root.rglob("*.parquet"))
+        stored = TraceStore(root).count()
+        assert stored == rows, (stored, rows)
+        return {"rows": rows, "prompt_tokens": prompt_len, "completion_tokens": completion_len,
+                "durable_rows_per_s": round(rows / durable_s), "parquet_rows_per_s": round(rows / parquet_s),
+                "durable_MB_per_s": round(spool_bytes / durable_s / 1e6, 1),
+                "parquet_bytes_per_row": round(on_disk / rows)}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def agentic_bytes(turns: int, start: int, step: int, out: int) -> dict:
+    """One long agent session, stored with prefix references and whole, side by side."""
+    rng = random.Random(1)
+    prompt = [rng.randrange(4096) for _ in range(start)]
+    session = []
+    for t in range(turns):
+        completion = [rng.randrange(4096) for _ in range(out)]
+        session.append((list(prompt), completion))
+        prompt = prompt + completion + [rng.randrange(4096) for _ in range(step - out)]
+    result = {"turns": turns, "first_prompt": start, "new_tokens_per_turn": step}
+    for mode, refs in (("with_prefix_refs", True), ("whole_prompts", False)):
+        root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
+        writer = TraceWriter(root, "bench", prefix_refs=refs)
+        for t, (p, c) in enumerate(session):
+            writer.submit({"trace_id": f"turn-{t:03d}", "gen_ai_conversation_id": "s", "gen_ai_request_model": "m",
+                           "prompt_token_ids": p, "completion_token_ids": c, "http_status": 200})
+        writer.close()
+        size = sum(p.stat().st_size for p in root.rglob("*.parquet"))
+        result[f"{mode}_bytes_per_turn"] = round(size / turns)
+        if refs:
+            full = TraceStore(root).prompt_token_ids([f"turn-{t:03d}" for t in range(turns)])
+            assert all(full[f"turn-{t:03d}"] == session[t][0] for t in range(turns)), "not exact"
+        shutil.rmtree(root, ignore_errors=True)
+    # int32 ids compress little: ~4 bytes per new token is the floor
+    result["new_tokens_only_bytes_per_turn"] = step * 4
+    result["ratio_whole_over_refs"] = round(result["whole_prompts_bytes_per_turn"]
+                                            / result["with_prefix_refs_bytes_per_turn"], 1)
+    return result
+
+
+def group_by(rows: int, files: int) -> dict:
+    import duckdb
+    root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
+    try:
+        con = duckdb.connect()
+        per = rows // files
+        for f in range(files):
+            part = root / f"date=2026-11-{1 + f % 28:02d}" / f"model=m{f % 3}"
+            part.mkdir(parents=True, exist_ok=True)
+            con.execute(f"""COPY (SELECT 'tr-' || ({f * per} + i) AS trace_id, 'team' || (i % 50) AS team,
+                  'm{f % 3}' AS gen_ai_request_model, 2::SMALLINT AS schema_version,
+                  (i % 4000)::INTEGER AS gen_ai_usage_input_tokens, (i % 500)::INTEGER AS gen_ai_usage_output_tokens,
+                  (i % 97) * 1.5 AS ttft_ms, 200::SMALLINT AS http_status,
+                  TIMESTAMPTZ '2026-11-01 00:00:00+00' + to_seconds(i % 86400) AS time_received
+                  FROM range({per}) t(i)) TO '{part}/part-{f}.parquet' (FORMAT parquet, COMPRESSION zstd)""")
+        store = TraceStore(root)
+        q = ("SELECT team, gen_ai_request_model, count(*) AS n, sum(gen_ai_usage_output_tokens) AS out, "
+             "avg(ttft_ms) AS ttft FROM traces GROUP BY ALL")
+        store.sql(q)  # warm the file metadata cache once, as a long-lived reader would
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            n = store.sql(q).num_rows
+            times.append(time.perf_counter() - t0)
+        return {"rows": rows, "files": files, "groups": n, "group_by_s_best_of_3": round(min(times), 3)}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=200_000, help="rows for the ingest runs")
+    ap.add_argument("--big", type=int, default=10_000_000, help="largest GROUP BY size")
+    args = ap.parse_args()
+    os.sched_setaffinity(0, {0})  # ingest on one core
+    results = {"ingest_200_tokens": ingest(args.rows, 150, 50),
+               "ingest_2k_tokens": ingest(max(args.rows // 10, 1000), 1800, 200),
+               "agentic_session": agentic_bytes(turns=20, start=140_000, step=6_000, out=1_000)}
+    os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))  # queries may use both cores
+    results["group_by_1M"] = group_by(1_000_000, 10)
+    results["group_by_big"] = group_by(args.big, 20)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
