@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from serve import trace_query
+from serve import feedback_api, trace_query
 from serve.auth import Caller, authenticate
 from serve.capture import Capture, RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute
@@ -63,6 +63,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     app.state.writer, app.state.routes = writer, routes
     install_error_handlers(app)
     app.include_router(trace_query.router(config.traces_dir, caller_of, config.query_timeout_s))
+    app.include_router(feedback_api.router(config.traces_dir, caller_of))
 
     @app.get("/health")
     async def health():

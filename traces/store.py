@@ -8,7 +8,10 @@ file, so any number of readers run while gateways keep writing. Views:
 - ``traces_full``: ``traces`` plus ``prompt_token_ids``, the full prompt rebuilt from prefix
   references (a recursive query: filter by session when the store is large);
 - ``sessions``: one row per session (turns, tokens, first/last time);
-- ``usage_by_team``: requests, errors and tokens by team, model and day.
+- ``usage_by_team``: requests, errors and tokens by team, model and day;
+- ``feedback``: every reward / score / label / comment posted (``traces.feedback``);
+- ``rewards``: the latest feedback per (trace, reward name), for traces of the same team
+  (admin feedback applies to any team's trace).
 
 A sandboxed store (``sandbox=True``, implied by ``team=...``) cannot read or write any file
 outside the store and accepts only guarded SELECTs (``traces.guard``); a team-scoped one also
@@ -22,6 +25,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from traces.feedback import FEEDBACK_DIR, FEEDBACK_SCHEMA
 from traces.guard import check_select
 from traces.housekeeping import JOURNAL, partitions, visible_files
 from traces.prefix import reconstruct_prompts
@@ -29,7 +33,7 @@ from traces.schema import TRACE_SCHEMA
 
 LAYOUTS = ("date=*/model=*/*.parquet",   # schema v2 and later
            "date=*/*.parquet")           # the first cut's layout (schema v1)
-VIEWS = ("traces", "traces_full", "sessions", "usage_by_team")
+VIEWS = ("traces", "traces_full", "sessions", "usage_by_team", "feedback", "rewards")
 
 _FULL_SQL = """
 WITH RECURSIVE chain(trace_id, prompt_token_ids, seq) AS (
@@ -62,6 +66,17 @@ SELECT team, gen_ai_request_model AS model, CAST(time_received AS DATE) AS day,
        sum(gen_ai_usage_output_tokens) AS output_tokens,
        sum(gen_ai_usage_cache_read_input_tokens) AS cached_input_tokens
 FROM traces GROUP BY ALL
+"""
+
+
+_REWARDS_SQL = """
+SELECT f.trace_id, f.name,
+       arg_max(f.reward, f.time_created) AS reward, arg_max(f.score, f.time_created) AS score,
+       arg_max(f.label, f.time_created) AS label, arg_max(f.comment, f.time_created) AS comment,
+       max(f.time_created) AS time_created
+FROM feedback f JOIN traces t ON f.trace_id = t.trace_id
+    AND (f.team = t.team OR f.team = 'admin' OR (f.team IS NULL AND t.team IS NULL))
+GROUP BY f.trace_id, f.name
 """
 
 
@@ -119,6 +134,14 @@ class TraceStore:
         self.con.execute(f"CREATE OR REPLACE VIEW traces_full AS {_FULL_SQL}")
         self.con.execute(f"CREATE OR REPLACE VIEW sessions AS {_SESSIONS_SQL}")
         self.con.execute(f"CREATE OR REPLACE VIEW usage_by_team AS {_USAGE_SQL}")
+        fb_glob = self.root / FEEDBACK_DIR / "date=*" / "*.parquet"
+        if next(self.root.glob(f"{FEEDBACK_DIR}/date=*/*.parquet"), None):
+            fb = f"SELECT * FROM read_parquet({_sql_str(str(fb_glob))}, union_by_name = true)"
+        else:
+            self.con.register("_empty_feedback", pa.Table.from_pylist([], schema=FEEDBACK_SCHEMA))
+            fb = "SELECT * FROM _empty_feedback"
+        self.con.execute(f"CREATE OR REPLACE VIEW feedback AS {fb}{where}")
+        self.con.execute(f"CREATE OR REPLACE VIEW rewards AS {_REWARDS_SQL}")
 
     def _lock_down(self) -> None:
         self.con.execute(f"SET allowed_directories = [{_sql_str(str(self.root.resolve()) + '/')}]")

@@ -1,32 +1,6 @@
 """Data teams query traces over HTTP: their own rows only, and nothing but the store."""
 
 import pytest
-from fastapi.testclient import TestClient
-
-from serve.app import create_app
-from serve.config import Deployment, GatewayConfig, ModelRoute
-from serve.keys import KeyStore
-from traces.writer import TraceWriter
-
-
-@pytest.fixture
-def setup(tmp_path):
-    root = tmp_path / "traces"
-    writer = TraceWriter(root, "seed")
-    for i in range(6):
-        writer.submit({"trace_id": f"tr-{i}", "team": "red" if i < 4 else "blue",
-                       "gen_ai_request_model": "tiny", "http_status": 200,
-                       "prompt_token_ids": [1, 2, 3], "completion_token_ids": [i]})
-    writer.close()
-    keys = KeyStore(tmp_path / "keys.json")
-    _, red = keys.create("red")
-    revoked_rec, revoked = keys.create("red")
-    keys.revoke(revoked_rec.id)
-    cfg = GatewayConfig(deployments=[Deployment(name="d", url="http://127.0.0.1:9")],
-                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-                        traces_dir=str(root), keys_file=str(tmp_path / "keys.json"), admin_key="adm")
-    with TestClient(create_app(cfg)) as client:
-        yield client, {"red": red, "revoked": revoked, "admin": "adm"}
 
 
 def q(client, key, sql):

@@ -1,0 +1,64 @@
+"""`POST /v1/feedback`: rewards, scores, labels and comments for traces, one or a batch.
+
+Feedback is stored under the caller's team and only joins to that team's traces (the admin key
+may rate any trace). It is durable when the 200 comes back. A trace id that is not queryable
+yet (its record may still be on its way from the spool to Parquet) is accepted: the join
+happens at query time.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from serve.errors import APIError
+from traces.feedback import write_feedback
+
+MAX_BATCH = 10_000
+
+
+class FeedbackItem(BaseModel):
+    trace_id: str = Field(min_length=1)
+    name: str = Field("reward", min_length=1, max_length=128, description="which reward this is")
+    reward: float | None = None
+    score: float | None = None
+    label: str | None = Field(None, max_length=1024)
+    comment: str | None = Field(None, max_length=65536)
+    source: str = "api"
+
+    @model_validator(mode="after")
+    def _says_something(self):
+        if self.reward is None and self.score is None and self.label is None and self.comment is None:
+            raise ValueError("give at least one of reward, score, label, comment")
+        return self
+
+
+class FeedbackBatch(BaseModel):
+    feedback: list[FeedbackItem] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+def router(traces_dir: str, authenticate) -> APIRouter:
+    api = APIRouter()
+
+    @api.post("/v1/feedback")
+    async def post_feedback(request: Request):
+        caller = authenticate(request)
+        raw = await request.body()
+        try:
+            try:
+                items = FeedbackBatch.model_validate_json(raw).feedback
+            except ValidationError as batch_error:
+                if b'"feedback"' in raw:
+                    raise batch_error
+                items = [FeedbackItem.model_validate_json(raw)]
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            raise APIError(400, f"invalid feedback: {first.get('msg')}", param=param) from None
+        rows = [{**i.model_dump(), "team": caller.team, "api_key_id": caller.key_id} for i in items]
+        ids = await run_in_threadpool(write_feedback, traces_dir, rows)
+        return {"object": "list", "data": [{"id": fid, "trace_id": i.trace_id}
+                                           for fid, i in zip(ids, items)]}
+
+    return api
