@@ -192,6 +192,27 @@ def keys_revoke(key_id: str, profile: str = ProfileOpt, set_: Optional[list[str]
 
 
 
+@app.command("export")
+def export_cmd(kind: str = typer.Argument(..., help="sft | rl | preference"),
+               out: Path = typer.Option(..., "--out", "-o", help="dataset directory to write"),
+               sql: str = typer.Option(None, help="SELECT over traces picking the trajectories "
+                                                  "(default: every successful trace)"),
+               reward_name: str = typer.Option("reward", help="which reward joins as `reward`"),
+               profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
+               traces_dir: Optional[Path] = typer.Option(None)):
+    """Export traces as a Hugging Face dataset (save_to_disk + Parquet + manifest.json)."""
+    from feedback.export import DEFAULT_SQL, export
+    from traces.store import TraceStore
+
+    store = TraceStore(traces_dir or _config(profile, set_).traces_path)
+    try:
+        manifest = export(store, kind, out, sql or DEFAULT_SQL, reward_name)
+    except ValueError as exc:
+        console.print(f"[red]export failed:[/] {exc}")
+        raise typer.Exit(1)
+    console.print(f"{manifest['rows']} {kind} rows -> {out} (content sha256 {manifest['content_hash'][:16]})")
+
+
 def _traces_root(profile: str, set_: Optional[list[str]], traces_dir: Optional[Path]) -> Path:
     return traces_dir or _config(profile, set_).traces_path
 
