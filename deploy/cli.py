@@ -144,12 +144,15 @@ def model_tiny(out_dir: Path, seed: int = typer.Option(0, help="weights seed")):
 
 @app.command()
 def demo(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
+         turns: int = typer.Option(1, help="turns of the loop to run"),
+         seed: int = typer.Option(0, help="task sample and sampling seed"),
          keep_up: bool = typer.Option(False, help="leave the stack running afterwards")):
-    """One turn of the loop: serve -> capture -> export -> fine-tune -> hot-swap -> serve again."""
+    """Turns of the loop: eval -> rollouts -> rewards -> export -> fine-tune -> hot-swap -> eval."""
     from deploy.demo import run_demo
 
-    ok = run_demo(_config(profile, set_), keep_up=keep_up)
-    sys.exit(0 if ok else 1)
+    result = run_demo(_config(profile, set_), keep_up=keep_up, turns=turns, seed=seed)
+    sys.exit(0 if result["ok"] else 1)
+
 
 @keys_app.command("create")
 def keys_create(team: str = typer.Option(..., help="the team this key bills and sees"),

@@ -1,28 +1,24 @@
-"""`flywheel demo`: one turn of the loop on the local stack, each step timed.
+"""`flywheel demo`: turns of the loop on the local stack, each step timed.
 
-serve (baseline eval + sampled rollouts through the gateway, OpenAI SDK) -> SQL over the traces
--> SFT export (datasets) -> LoRA fine-tune on the engine's own token ids -> hot-swap into the
-running deployment -> eval again -> SQL shows the new checkpoint version. The swap is checked by
-the outputs changing, not assumed.
+baseline eval -> rollouts of the reverse-a-word environment through the gateway (rewards posted
+to /v1/feedback) -> reward-filtered export (the best rollout per task, by SQL) -> LoRA
+fine-tune on the engine's own token ids -> register the checkpoint -> hot-swap it behind the
+alias -> eval again. This is rejection sampling (expert iteration): the training data is the
+model's own served trajectories, selected by reward. The reward per turn goes to a PNG.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 
 from rich.console import Console
 
 from deploy.config import StackConfig
 
 console = Console()
-
-WORDS = ["apple", "river", "planet", "silver", "garden", "window", "rocket", "forest",
-         "candle", "bridge", "yellow", "marble", "tiger", "cloud", "pepper", "violin"]
-EVAL_PROMPTS = [f"Reverse the word: {w}" for w in WORDS[:8]]
-ROLLOUT_PROMPTS = [f"Reverse the word: {w}" for w in WORDS]
 
 
 @contextmanager
@@ -31,19 +27,6 @@ def step(title: str):
     t0 = time.monotonic()
     yield
     console.print(f"[dim]{title}: {time.monotonic() - t0:.1f} s[/]")
-
-
-def _ask(client, model: str, prompt: str, env_id: str, temperature: float, seed: int) -> str:
-    r = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=16,
-        temperature=temperature, seed=seed, extra_headers={"X-Env-ID": env_id})
-    return r.choices[0].message.content or ""
-
-
-def _eval(client, model: str, label: str) -> list[str]:
-    with ThreadPoolExecutor(4) as pool:
-        return list(pool.map(lambda p: _ask(client, model, p, f"demo-eval-{label}", 0.0, 0),
-                             EVAL_PROMPTS))
 
 
 def _wait_rows(store, where: str, n: int, timeout_s: float = 15.0) -> int:
@@ -56,94 +39,137 @@ def _wait_rows(store, where: str, n: int, timeout_s: float = 15.0) -> int:
         time.sleep(0.3)
 
 
-def run_demo(cfg: StackConfig, keep_up: bool = False, rollouts_per_prompt: int = 4) -> bool:
-    from openai import OpenAI
+def plot_rewards(history: list[float], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    ax.plot(range(len(history)), history, marker="o")
+    ax.set_xticks(range(len(history)))
+    ax.set_xlabel("loop turn (0 = base model)")
+    ax.set_ylabel("mean eval reward (greedy)")
+    ax.set_title("reverse-a-word: reward per turn")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _demo_key(cfg: StackConfig) -> str:
+    """A key for team 'demo', created once per home, so the demo's traces are attributed."""
+    from serve.keys import KeyStore
+
+    path = cfg.run_dir / "demo.key"
+    if not path.exists():
+        _, key = KeyStore(cfg.resolved_gateway().keys_file).create("demo", "flywheel demo")
+        path.write_text(key)
+    return path.read_text().strip()
+
+
+def run_demo(cfg: StackConfig, keep_up: bool = False, turns: int = 1, seed: int = 0,
+             samples: int = 8, n_tasks: int = 16) -> dict:
+    """Run ``turns`` turns of the loop; returns the reward history and checkpoint versions
+    (``ok`` is True when the final reward beats the baseline and every swap was served)."""
+    import datasets
+    import transformers
 
     from deploy.cli import arrow_table
-    from deploy.launcher import status, up
-    from feedback.export import export_sft
-    from feedback.hotswap import load_lora, point_alias
+    from deploy.launcher import down, status, up
+    from envs import reverse
+    from envs.runner import mean_reward, post_rewards, run_rollouts
+    from feedback.export import export
+    from feedback.hotswap import HotSwap
+    from feedback.registry import BASE, Registry
     from feedback.train import TrainConfig, train_lora
     from traces.store import TraceStore
 
-    import datasets
-    import transformers
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
-
     t_start = time.monotonic()
     gw = cfg.resolved_gateway()
-    gateway_url = f"http://{gw.host}:{gw.port}"
+    url = f"http://{gw.host}:{gw.port}"
     alias = cfg.worker.served_model_name
     started_here = False
-    with step("1. stack"):
+    with step("stack"):
         if all(r["healthy"] for r in status(cfg)):
-            console.print(f"using the running stack at {gateway_url}/v1")
+            console.print(f"using the running stack at {url}/v1")
         else:
             timings = up(cfg)
             started_here = True
             console.print("started: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()))
-    client = OpenAI(base_url=f"{gateway_url}/v1", api_key="flywheel-local", max_retries=0)
+    key = _demo_key(cfg)
     store = TraceStore(cfg.traces_path)
-    run_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    registry = Registry(cfg.home_path / "checkpoints.json")
+    swap = HotSwap(url, gw.admin_key, registry, gw.deployments[0].name, alias)
+    run_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-s{seed}"
+    tasks = reverse.tasks(n_tasks, seed)
+
+    def evaluate(label: str) -> float:
+        rollouts = run_rollouts(url, key, alias, tasks, 1, reverse.reward, f"reverse-eval-{run_id}",
+                                temperature=0.0)
+        post_rewards(url, key, rollouts, "reverse-eval")
+        for r in rollouts[:3]:
+            console.print(f"  {r.example_id}: {r.completion!r} -> reward {r.reward:.2f}")
+        score = mean_reward(rollouts)
+        console.print(f"[bold]{label}: mean reward {score:.3f}[/] over {len(rollouts)} tasks")
+        return score
+
+    history, versions, parent = [], [], BASE
     try:
-        with step("2. baseline eval (greedy, through the gateway)"):
-            before = _eval(client, alias, "before")
-            for p, out in zip(EVAL_PROMPTS[:3], before):
-                console.print(f"  {p!r} -> {out!r}")
-        with step(f"3. rollouts ({len(ROLLOUT_PROMPTS) * rollouts_per_prompt} sampled requests)"):
-            jobs = [(p, s) for p in ROLLOUT_PROMPTS for s in range(rollouts_per_prompt)]
-            env = f"demo-rollouts-{run_id}"
-            with ThreadPoolExecutor(8) as pool:
-                list(pool.map(lambda j: _ask(client, alias, j[0], env, 1.0, j[1]), jobs))
-            where = f"env_id = '{env}'"
-            rows = _wait_rows(store, where, len(jobs))
-            console.print(f"{rows} rollout traces stored")
-        with step("4. SQL over the trace store"):
+        with step("0. start from the base model; baseline eval"):
+            swap.point(alias, BASE)
+            registry.promote(alias, BASE)
+            history.append(evaluate("baseline"))
+        for turn in range(1, turns + 1):
+            env = f"reverse-rollouts-{run_id}-t{turn}"
+            with step(f"{turn}.1 rollouts: {samples} samples x {len(tasks)} tasks, rewards posted"):
+                rollouts = run_rollouts(url, key, alias, tasks, samples, reverse.reward, env,
+                                        temperature=1.0, seed=seed * 1000 + turn)
+                post_rewards(url, key, rollouts, env)
+                console.print(f"rollout mean reward {mean_reward(rollouts):.3f}, "
+                              f"best per task {sum(max(r.reward for r in rollouts if r.example_id == t.example_id) for t in tasks) / len(tasks):.3f}")
+                _wait_rows(store, f"env_id = '{env}'", len(rollouts))
+            with step(f"{turn}.2 reward-filtered export (best trajectory per task so far)"):
+                # every trajectory this run has served (rollouts and evals of all turns so far)
+                sql = (f"SELECT t.*, r.reward FROM traces t JOIN rewards r USING (trace_id) "
+                       f"WHERE t.env_id LIKE 'reverse-%-{run_id}%' AND r.name = 'reward' AND r.reward > 0 "
+                       f"QUALIFY row_number() OVER (PARTITION BY t.example_id "
+                       f"ORDER BY r.reward DESC, t.trace_id) = 1")
+                data_dir = cfg.home_path / "datasets" / f"{run_id}-t{turn}"
+                manifest = export(store, "sft", data_dir, sql)
+                console.print(f"{manifest['rows']} rows -> {data_dir} (sha256 {manifest['content_hash'][:12]})")
+            with step(f"{turn}.3 fine-tune a LoRA on the engine's token ids"):
+                ds = datasets.load_from_disk(str(data_dir))
+                version = f"rs-{run_id}-t{turn}"
+                ckpt = cfg.home_path / "checkpoints" / version
+                losses: list[float] = []
+                init = registry.get(parent).path if parent != BASE else None
+                train_lora(cfg.model_path, list(ds), ckpt, TrainConfig(steps=60, seed=seed),
+                           progress=lambda s, loss: losses.append(loss), init_adapter=init)
+                console.print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")
+            with step(f"{turn}.4 register and hot-swap {version}"):
+                registry.register(version, "lora", ckpt, str(cfg.model_path), parent=parent,
+                                  dataset=manifest, metrics={"loss_last": losses[-1]})
+                swap.deploy(alias, version)
+                versions.append(version)
+                parent = version
+            with step(f"{turn}.5 eval on {version}"):
+                history.append(evaluate(f"after turn {turn}"))
+        with step("the traces say which checkpoint served each eval"):
+            _wait_rows(store, f"env_id = 'reverse-eval-{run_id}'", len(tasks) * (turns + 1))
             console.print(arrow_table(store.sql(
-                "SELECT checkpoint_version, env_id, count(*) AS traces, "
-                "round(avg(ttft_ms), 1) AS ttft_ms, sum(gen_ai_usage_output_tokens) AS out_tokens "
-                "FROM traces GROUP BY ALL ORDER BY ALL")))
-        with step("5. export SFT dataset"):
-            data_dir = cfg.home_path / "datasets" / f"sft-{run_id}"
-            manifest = export_sft(store, data_dir, f"SELECT * FROM traces WHERE {where} "
-                                                   "AND http_status = 200 AND error IS NULL")
-            console.print(f"{manifest['rows']} rows -> {data_dir} (sha256 {manifest['content_hash'][:12]})")
-        with step("6. fine-tune a LoRA on the engine's token ids"):
-            from datasets import load_from_disk
-            ds = load_from_disk(str(data_dir))
-            ckpt = cfg.home_path / "checkpoints" / f"sft-{run_id}"
-            losses = []
-            train_lora(cfg.model_path, list(ds), ckpt, TrainConfig(),
-                       progress=lambda s, loss: losses.append(loss))
-            console.print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps -> {ckpt}")
-        with step("7. hot-swap into the running deployment"):
-            version = f"sft-{run_id}"
-            lora_name = f"{alias}-{version}"
-            dep = gw.deployments[0]
-            load_lora(dep.admin_urls, dep.url, lora_name, ckpt)
-            point_alias(gateway_url, gw.admin_key, alias, dep.name, lora_name, version)
-            console.print(f"alias {alias!r} -> {lora_name!r} (checkpoint {version})")
-        with step("8. eval again"):
-            after = _eval(client, alias, "after")
-            changed = sum(a != b for a, b in zip(before, after))
-            for p, a, b in list(zip(EVAL_PROMPTS, before, after))[:3]:
-                console.print(f"  {p!r}: {a!r} -> {b!r}")
-            console.print(f"{changed}/{len(EVAL_PROMPTS)} greedy outputs changed")
-        with step("9. the new traces carry the new checkpoint"):
-            _wait_rows(store, f"checkpoint_version = '{version}'", len(EVAL_PROMPTS))
-            console.print(arrow_table(store.sql(
-                "SELECT env_id, checkpoint_version, gen_ai_response_model, count(*) AS traces "
-                f"FROM traces WHERE env_id LIKE 'demo-eval-%' AND time_received >= "
-                f"(SELECT min(time_received) FROM traces WHERE env_id = '{env}') - INTERVAL 5 MINUTE "
-                "GROUP BY ALL ORDER BY ALL")))
-            swapped = _wait_rows(store, f"env_id = 'demo-eval-after' AND checkpoint_version = '{version}'",
-                                 len(EVAL_PROMPTS))
-        ok = changed > 0 and swapped >= len(EVAL_PROMPTS)
-        verdict = "[green]loop closed[/]" if ok else "[red]hot-swap not verified[/]"
-        console.print(f"{verdict}: demo took {time.monotonic() - t_start:.0f} s")
-        return ok
+                "SELECT t.checkpoint_version, count(*) AS traces, round(avg(r.reward), 3) AS mean_reward "
+                "FROM traces t JOIN rewards r USING (trace_id) "
+                f"WHERE t.env_id = 'reverse-eval-{run_id}' GROUP BY ALL ORDER BY min(t.time_received)")))
+        plot = cfg.home_path / f"reward-{run_id}.png"
+        plot_rewards(history, plot)
+        ok = history[-1] > history[0]
+        verdict = "[green]reward rose[/]" if ok else "[red]reward did not rise[/]"
+        console.print(f"{verdict}: {' -> '.join(f'{h:.3f}' for h in history)}; plot {plot}; "
+                      f"demo took {time.monotonic() - t_start:.0f} s")
+        return {"ok": ok, "rewards": history, "versions": versions, "plot": str(plot)}
     finally:
         if started_here and not keep_up:
-            from deploy.launcher import down
             down(cfg)

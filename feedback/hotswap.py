@@ -1,49 +1,67 @@
-"""Put a trained LoRA adapter into a running deployment, then move the alias to it.
+"""Hot-swap a registered checkpoint behind a gateway alias, and roll it back.
 
-Order matters for zero failed requests: the adapter is loaded on every worker of the
-deployment and visible in the deployment's model list before the gateway's alias points at it;
-requests already running on the old version finish there.
+Everything goes through the gateway's admin API: the adapter is loaded on every worker of the
+deployment and listed by its frontend (``/load_lora_adapter`` waits for both) before the alias
+moves, so no request ever reaches a worker without the weights it asks for; requests already
+running finish on the version they started with. Each trace records the version its alias
+pointed at when it arrived.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import httpx
+
+from feedback.registry import BASE, Registry
 
 
 class HotSwapError(RuntimeError):
     pass
 
 
-def load_lora(worker_admin_urls: list[str], frontend_url: str, name: str, path: str | Path,
-              timeout_s: float = 60.0) -> None:
-    """Load adapter ``path`` as model ``name`` on each worker (Dynamo's ``POST /v1/loras``) and
-    wait until the deployment's frontend lists it."""
-    uri = Path(path).resolve().as_uri()
-    for url in worker_admin_urls:
-        r = httpx.post(f"{url}/v1/loras", json={"lora_name": name, "source": {"uri": uri}},
-                       timeout=timeout_s)
-        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-        if r.status_code != 200 or body.get("status") != "success":
-            raise HotSwapError(f"worker {url} refused LoRA {name!r}: HTTP {r.status_code} {r.text[:300]}")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        models = httpx.get(f"{frontend_url}/v1/models", timeout=5).json().get("data", [])
-        if any(m.get("id") == name for m in models):
-            return
-        time.sleep(0.2)
-    raise HotSwapError(f"LoRA {name!r} loaded but not listed by {frontend_url} after {timeout_s:.0f} s")
+class HotSwap:
+    def __init__(self, gateway_url: str, admin_key: str, registry: Registry,
+                 deployment: str, base_model_name: str):
+        self.url, self.registry = gateway_url.rstrip("/"), registry
+        self.deployment, self.base_model_name = deployment, base_model_name
+        self.headers = {"Authorization": f"Bearer {admin_key}"}
 
+    def _post(self, path: str, body: dict, method: str = "POST") -> dict:
+        r = httpx.request(method, f"{self.url}{path}", json=body, headers=self.headers, timeout=180)
+        if r.status_code != 200:
+            raise HotSwapError(f"{path}: HTTP {r.status_code} {r.text[:400]}")
+        return r.json()
 
-def point_alias(gateway_url: str, admin_key: str, alias: str, deployment: str,
-                upstream_model: str, checkpoint_version: str) -> dict:
-    """Move a public model name to ``upstream_model`` on ``deployment`` (gateway admin API)."""
-    r = httpx.put(f"{gateway_url}/admin/models/{alias}",
-                  headers={"Authorization": f"Bearer {admin_key}"},
-                  json={"deployment": deployment, "upstream_model": upstream_model,
-                        "checkpoint_version": checkpoint_version}, timeout=10)
-    if r.status_code != 200:
-        raise HotSwapError(f"gateway refused to move alias {alias!r}: HTTP {r.status_code} {r.text[:300]}")
-    return r.json()
+    def upstream_name(self, alias: str, version: str) -> str:
+        return self.base_model_name if version == BASE else f"{alias}@{version}"
+
+    def load(self, alias: str, version: str) -> str:
+        """Make ``version`` servable on the deployment (idempotent); returns its model name."""
+        if version == BASE:
+            return self.base_model_name
+        ckpt = self.registry.get(version)
+        if ckpt.kind != "lora":
+            raise HotSwapError(f"{version} is a full checkpoint: in-place full reload is not "
+                               "supported on vLLM-CPU; serve it as its own deployment (blue-green)")
+        name = self.upstream_name(alias, version)
+        self._post("/load_lora_adapter", {"lora_name": name, "lora_path": ckpt.path,
+                                          "deployment": self.deployment, "checkpoint_version": version})
+        return name
+
+    def point(self, alias: str, version: str) -> None:
+        self._post(f"/admin/models/{alias}", {
+            "deployment": self.deployment, "upstream_model": self.upstream_name(alias, version),
+            "checkpoint_version": version}, method="PUT")
+
+    def deploy(self, alias: str, version: str) -> None:
+        """Load, then move the alias, then record the promotion."""
+        self.load(alias, version)
+        self.point(alias, version)
+        self.registry.promote(alias, version)
+
+    def rollback(self, alias: str) -> str:
+        """Move ``alias`` back to the version it served before; returns that version."""
+        target = self.registry.previous(alias)
+        self.load(alias, target)  # still loaded normally; reloading is a no-op
+        self.point(alias, target)
+        self.registry.pop(alias)
+        return target

@@ -50,11 +50,13 @@ def _batch(rows: Sequence[dict], pad_id: int, max_len: int):
 
 def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path,
                cfg: TrainConfig = TrainConfig(),
-               progress: Callable[[int, float], None] | None = None) -> Path:
+               progress: Callable[[int, float], None] | None = None,
+               init_adapter: str | Path | None = None) -> Path:
     """Fine-tune a LoRA adapter on ``rows`` (dicts with prompt/completion token ids) and save it
-    in PEFT's layout (``adapter_config.json`` + ``adapter_model.safetensors``)."""
+    in PEFT's layout (``adapter_config.json`` + ``adapter_model.safetensors``). With
+    ``init_adapter``, training continues from that adapter (the parent checkpoint)."""
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
     rows = [r for r in rows if r.get("completion_token_ids")]
@@ -64,8 +66,11 @@ def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
     rng = random.Random(cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    model = get_peft_model(model, LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,
-                                             target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    if init_adapter is not None:
+        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
+    else:
+        model = get_peft_model(model, LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,
+                                                 target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     model.train()
     losses = []
@@ -82,6 +87,7 @@ def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
     out = Path(out_dir)
     model.save_pretrained(out)
     (out / "flywheel_train.json").write_text(json.dumps(
-        {"base_model": str(base_model), "rows": len(rows), "config": cfg.__dict__,
+        {"base_model": str(base_model), "init_adapter": str(init_adapter) if init_adapter else None,
+         "rows": len(rows), "config": cfg.__dict__,
          "loss_first": losses[0], "loss_last": losses[-1]}, indent=2))
     return out

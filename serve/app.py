@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from serve import feedback_api, trace_query
+from serve import engine_admin, feedback_api, trace_query
 from serve.auth import Caller, authenticate
 from serve.capture import Capture, RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute
@@ -64,6 +64,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     install_error_handlers(app)
     app.include_router(trace_query.router(config.traces_dir, caller_of, config.query_timeout_s))
     app.include_router(feedback_api.router(config.traces_dir, caller_of))
+    app.include_router(engine_admin.router(config, routes, lambda r: _require_admin(r, config)))
 
     @app.get("/health")
     async def health():

@@ -1,0 +1,113 @@
+"""The checkpoint registry: what was trained, from which data, and which alias serves what.
+
+One JSON file (written atomically) holds every checkpoint with its lineage (base model, parent
+checkpoint, the dataset manifest it was trained on) and, per alias, the history of versions
+promoted to it, so a rollback knows where to go back to. ``base`` is the version of the base
+model every alias starts from.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+BASE = "base"
+
+
+@dataclass
+class Checkpoint:
+    version: str
+    kind: Literal["lora", "full"]
+    path: str
+    base_model: str
+    parent: str | None = None
+    dataset: dict | None = None        # the export manifest (sql, rows, content hash)
+    metrics: dict = field(default_factory=dict)
+    created: str = ""
+
+
+class RegistryError(ValueError):
+    pass
+
+
+class Registry:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @contextmanager
+    def _edit(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self._read()
+            yield data
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=2))
+            os.replace(tmp, self.path)
+
+    def _read(self) -> dict:
+        if not self.path.exists():
+            return {"checkpoints": {}, "aliases": {}}
+        return json.loads(self.path.read_text())
+
+    def register(self, version: str, kind: str, path: str | Path, base_model: str,
+                 parent: str | None = None, dataset: dict | None = None,
+                 metrics: dict | None = None) -> Checkpoint:
+        if kind not in ("lora", "full"):
+            raise RegistryError(f"kind must be 'lora' or 'full', not {kind!r}")
+        if version == BASE:
+            raise RegistryError(f"{BASE!r} is reserved for the base model")
+        if not Path(path).is_dir():
+            raise RegistryError(f"checkpoint path {path} is not a directory")
+        ckpt = Checkpoint(version=version, kind=kind, path=str(Path(path).resolve()),
+                          base_model=str(base_model), parent=parent, dataset=dataset,
+                          metrics=metrics or {},
+                          created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        with self._edit() as data:
+            if version in data["checkpoints"]:
+                raise RegistryError(f"checkpoint {version!r} is already registered")
+            if parent and parent != BASE and parent not in data["checkpoints"]:
+                raise RegistryError(f"parent {parent!r} is not registered")
+            data["checkpoints"][version] = asdict(ckpt)
+        return ckpt
+
+    def get(self, version: str) -> Checkpoint:
+        data = self._read()["checkpoints"]
+        if version not in data:
+            raise RegistryError(f"unknown checkpoint {version!r}")
+        return Checkpoint(**data[version])
+
+    def list(self) -> list[Checkpoint]:
+        return [Checkpoint(**c) for c in self._read()["checkpoints"].values()]
+
+    def current(self, alias: str) -> str:
+        history = self._read()["aliases"].get(alias, [])
+        return history[-1] if history else BASE
+
+    def history(self, alias: str) -> list[str]:
+        return [BASE] + [v for v in self._read()["aliases"].get(alias, []) if v != BASE]
+
+    def promote(self, alias: str, version: str) -> None:
+        """Record that ``alias`` now serves ``version`` (call after the swap succeeded)."""
+        with self._edit() as data:
+            if version != BASE and version not in data["checkpoints"]:
+                raise RegistryError(f"unknown checkpoint {version!r}")
+            data["aliases"].setdefault(alias, []).append(version)
+
+    def previous(self, alias: str) -> str:
+        """The version a rollback of ``alias`` goes back to."""
+        history = self._read()["aliases"].get(alias, [])
+        if not history:
+            raise RegistryError(f"alias {alias!r} has never been moved; nothing to roll back")
+        return history[-2] if len(history) > 1 else BASE
+
+    def pop(self, alias: str) -> None:
+        with self._edit() as data:
+            if data["aliases"].get(alias):
+                data["aliases"][alias].pop()
