@@ -23,13 +23,17 @@ from serve.capture import Capture, RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute
 from serve.errors import APIError, install_error_handlers, model_not_found
 from serve.keys import KeyStore
-from serve.protocol import ChatCompletionRequest, CompletionRequest
+from serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
+                            generate_response)
 from serve.upstream import Rewrite, upstream_error
 from traces.writer import TraceWriter
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions"}
+# operation -> the deployment endpoint that serves it (token-in/token-out runs as a completion
+# whose prompt is token ids)
+ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions",
+             "generate": "/v1/completions"}
 REQUEST_MODELS = {"chat": ChatCompletionRequest, "text_completion": CompletionRequest}
 
 
@@ -101,6 +105,17 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         routes[alias] = route
         return {alias: route.model_dump()}
 
+    @app.post("/inference/v1/generate")
+    async def generate(request: Request):
+        """Token-in/token-out, as prime-rl and verifiers' training client call it."""
+        caller = caller_of(request)
+        try:
+            req = GenerateRequest.model_validate(await _json_body(request))
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        data, headers = await _forward(request, "generate", req.completion_body(), caller)
+        return JSONResponse(generate_response(data), headers=headers)
+
     async def _serve(request: Request, operation: str):
         caller = caller_of(request)
         body = await _json_body(request)
@@ -108,6 +123,14 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
             REQUEST_MODELS[operation].model_validate(body)
         except ValidationError as exc:
             raise _invalid(exc) from None
+        result, headers = await _forward(request, operation, body, caller)
+        if isinstance(result, StreamingResponse):
+            return result
+        return JSONResponse(result, headers=headers)
+
+    async def _forward(request: Request, operation: str, body: dict, caller: Caller):
+        """Send one validated request to its deployment, capturing it; returns the client's
+        view of the response (a dict, or a StreamingResponse) and the headers to send."""
         route = routes.get(body["model"])
         if route is None:
             raise model_not_found(body["model"])
@@ -138,9 +161,9 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
             await upstream.aclose()
             capture.on_response(data)
             await durable(capture.record(200))
-            return JSONResponse(rewrite.client_view(data, ctx.alias), headers=headers)
+            return rewrite.client_view(data, ctx.alias), headers
         return StreamingResponse(_relay(upstream, capture, rewrite, ctx.alias),
-                                 media_type="text/event-stream", headers=headers)
+                                 media_type="text/event-stream", headers=headers), headers
 
     async def _relay(upstream: httpx.Response, capture: Capture, rewrite: Rewrite, alias: str):
         error: str | None = "client disconnected before the stream ended"
@@ -212,7 +235,9 @@ def _context(request: Request, operation: str, body: dict, route: ModelRoute,
         upstream_model=route.upstream_model, checkpoint_version=route.checkpoint_version,
         deployment=route.deployment, team=caller.team, api_key_id=caller.key_id,
         session_id=h.get("x-session-id"), parent_trace_id=h.get("x-parent-trace-id"),
-        env_id=h.get("x-env-id"), example_id=h.get("x-example-id"), rollout_id=h.get("x-rollout-id"))
+        env_id=h.get("x-env-id"), example_id=h.get("x-example-id"),
+        # an environment's session is its rollout (verifiers sends one X-Session-ID per rollout)
+        rollout_id=h.get("x-rollout-id") or (h.get("x-session-id") if h.get("x-env-id") else None))
 
 
 def _require_admin(request: Request, config: GatewayConfig) -> None:

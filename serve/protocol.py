@@ -62,3 +62,50 @@ class CompletionRequest(_Request):
         if isinstance(prompt, list) and not prompt:
             raise ValueError("prompt must not be empty")
         return prompt
+
+
+class GenerateSampling(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    max_tokens: int = Field(16, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    skip_special_tokens: bool | None = None
+
+
+class GenerateRequest(BaseModel):
+    """``POST /inference/v1/generate``: prime-rl's token-in/token-out request."""
+    model: str = Field(min_length=1)
+    token_ids: list[int] = Field(min_length=1)
+    sampling_params: GenerateSampling = GenerateSampling()
+    cache_salt: str | None = None
+
+    def completion_body(self) -> dict[str, Any]:
+        sp = self.sampling_params.model_dump(exclude_none=True)
+        body: dict[str, Any] = {"model": self.model, "prompt": self.token_ids, "stream": False,
+                                "nvext": {"extra_fields": ["completion_token_ids"]}}
+        for key in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids"):
+            if key in sp:
+                body[key] = sp[key]
+        if sp.get("logprobs") is not None:
+            body["logprobs"] = max(sp["logprobs"], 1)
+        if self.cache_salt:
+            body["cache_salt"] = self.cache_salt
+        return body
+
+
+def generate_response(data: dict[str, Any]) -> dict[str, Any]:
+    """A completion response -> prime-rl's generate response (token ids, "token_id:<id>")."""
+    ids = (data.get("nvext") or {}).get("completion_token_ids") or []
+    choice = (data.get("choices") or [{}])[0]
+    out: dict[str, Any] = {"index": 0, "token_ids": ids, "finish_reason": choice.get("finish_reason")}
+    lp = choice.get("logprobs")
+    if lp and lp.get("token_logprobs") is not None:
+        out["logprobs"] = {"content": [{"token": f"token_id:{i}", "logprob": x}
+                                       for i, x in zip(ids, lp["token_logprobs"])]}
+    return {"id": data.get("id"), "object": "generate", "model": data.get("model"),
+            "choices": [out], "usage": data.get("usage")}

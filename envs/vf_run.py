@@ -1,0 +1,122 @@
+"""Run a verifiers environment against the gateway and post its rewards to the trace store.
+
+    python -m envs.vf_run envs.vf_reverse --base-url http://127.0.0.1:8000 --model tiny -n 8 -r 2
+
+Each rollout's ``X-Session-ID`` is its verifiers trace id, so every turn it sent is a trace row
+with that ``gen_ai_conversation_id``; the rollout's reward is posted (``POST /v1/feedback``) for
+each of those rows. Everything goes over HTTP, like any client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+
+KEY_VAR = "FLYWHEEL_ENV_KEY"  # verifiers drops variables whose names contain "API_KEY"
+
+
+def _flat_alias(module: str) -> str:
+    """verifiers resolves plugin ids as top-level module names; expose a dotted module of ours
+    under a flat name it can import."""
+    flat = module.replace(".", "_")
+    sys.modules.setdefault(flat, importlib.import_module(module))
+    return flat
+
+
+@dataclass
+class EpisodeResult:
+    example_id: str
+    session_id: str
+    reward: float
+    reply: str
+    ok: bool
+
+
+async def _episodes(taskset: str, base_url: str, model: str, n: int, rollouts: int,
+                    max_tokens: int, temperature: float, max_turns: int, env_id: str) -> list[EpisodeResult]:
+    import verifiers.v1 as vf
+
+    env = vf.load_environment(vf.SingleAgentEnvConfig(
+        taskset={"id": _flat_alias(taskset)},
+        agent={"runtime": vf.SubprocessConfig(), "harness": {"id": _flat_alias("envs.vf_harness")},
+               "max_turns": max_turns}))
+    sampling = vf.SamplingConfig(temperature=temperature, max_tokens=max_tokens)
+    tasks = list(env.taskset.take(n))
+
+    def context(task) -> "vf.ModelContext":
+        # one client config per example, so each rollout's trace rows say which example it was
+        return vf.ModelContext(model=model, sampling=sampling, client=vf.EvalClientConfig(
+            base_url=f"{base_url}/v1", api_key_var=KEY_VAR,
+            headers={"X-Env-ID": env_id, "X-Example-ID": task.data.id}))
+
+    async with env.serving():
+        episodes = await asyncio.gather(*(env.run_episode(t, context(t)) for t in tasks for _ in range(rollouts)))
+    out = []
+    for ep in episodes:
+        tr = ep.traces[0]
+        out.append(EpisodeResult(example_id=tr.task.data.id, session_id=tr.id, reward=float(tr.reward or 0.0),
+                                 reply=tr.last_reply or "", ok=ep.ok))
+    return out
+
+
+def _trace_ids(base_url: str, key: str, sessions: list[str], expect_at_least: int,
+               timeout_s: float = 20.0) -> dict[str, list[str]]:
+    """Session id -> the gateway trace ids of its turns (waits for them to reach Parquet)."""
+    quoted = ", ".join("'" + s.replace("'", "''") + "'" for s in sessions)
+    sql = f"SELECT gen_ai_conversation_id, trace_id FROM traces WHERE gen_ai_conversation_id IN ({quoted})"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = httpx.post(f"{base_url}/v1/traces/query", json={"sql": sql, "max_rows": 1_000_000},
+                       headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        r.raise_for_status()
+        rows = r.json()["rows"]
+        if len(rows) >= expect_at_least or time.monotonic() > deadline:
+            out: dict[str, list[str]] = {}
+            for session, trace in rows:
+                out.setdefault(session, []).append(trace)
+            return out
+        time.sleep(0.3)
+
+
+def run_env(taskset: str, base_url: str, key: str, model: str, n: int = 8, rollouts: int = 1,
+            max_tokens: int = 16, temperature: float = 1.0, max_turns: int = 4,
+            env_id: str | None = None) -> list[EpisodeResult]:
+    """Run episodes, then post each rollout's reward against every trace of its session."""
+    env_id = env_id or taskset
+    os.environ[KEY_VAR] = key
+    results = asyncio.run(_episodes(taskset, base_url, model, n, rollouts, max_tokens, temperature,
+                                    max_turns, env_id))
+    traces = _trace_ids(base_url, key, [r.session_id for r in results], len(results))
+    feedback = [{"trace_id": t, "reward": r.reward, "source": f"env:{env_id}"}
+                for r in results for t in traces.get(r.session_id, [])]
+    if feedback:
+        httpx.post(f"{base_url}/v1/feedback", json={"feedback": feedback},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=60).raise_for_status()
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("taskset", help="e.g. envs.vf_reverse or envs.vf_calc")
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--key", default=os.environ.get(KEY_VAR, ""), help=f"a team key (or ${KEY_VAR})")
+    ap.add_argument("-n", type=int, default=8)
+    ap.add_argument("-r", "--rollouts", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    args = ap.parse_args()
+    results = run_env(args.taskset, args.base_url, args.key, args.model, args.n, args.rollouts, args.max_tokens)
+    for r in results:
+        print(f"{r.example_id}\t{r.reward:.3f}\t{r.reply[:60]!r}")
+    print(f"mean reward {sum(r.reward for r in results) / max(len(results), 1):.3f} over {len(results)} rollouts")
+
+
+if __name__ == "__main__":
+    main()
