@@ -18,6 +18,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 model_app = typer.Typer(no_args_is_help=True, help="Make models.")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys (stored hashed), one team each.")
 traces_app = typer.Typer(no_args_is_help=True, help="Trace store housekeeping.")
+ckpt_app = typer.Typer(no_args_is_help=True, help="Checkpoints: register, list, deploy, rollback.")
+app.add_typer(ckpt_app, name="checkpoint")
 app.add_typer(model_app, name="model")
 app.add_typer(keys_app, name="keys")
 app.add_typer(traces_app, name="traces")
@@ -269,6 +271,85 @@ def traces_retain(days: int = typer.Option(..., help="keep this many days"),
 
     removed = retain(_traces_root(profile, set_, traces_dir), days)
     console.print(f"removed {len(removed)} day(s): {', '.join(removed) or '-'}")
+
+
+
+def _swap(cfg: StackConfig):
+    from feedback.hotswap import HotSwap
+    from feedback.registry import Registry
+
+    gw = cfg.resolved_gateway()
+    registry = Registry(cfg.home_path / "checkpoints.json")
+    return registry, HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, registry,
+                             gw.deployments[0].name, cfg.worker.served_model_name)
+
+
+@ckpt_app.command("register")
+def ckpt_register(version: str, path: Path, kind: str = typer.Option("lora", help="lora | full"),
+                  parent: Optional[str] = typer.Option(None, help="the checkpoint it was trained from"),
+                  dataset: Optional[Path] = typer.Option(None, help="the export it was trained on"),
+                  profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+    """Register a trained checkpoint with its lineage."""
+    from feedback.registry import RegistryError
+
+    cfg = _config(profile, set_)
+    registry, _ = _swap(cfg)
+    manifest = json.loads((dataset / "manifest.json").read_text()) if dataset else None
+    try:
+        registry.register(version, kind, path, str(cfg.model_path), parent=parent, dataset=manifest)
+    except RegistryError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2)
+    console.print(f"registered {version} ({kind}) from {path}")
+
+
+@ckpt_app.command("list")
+def ckpt_list(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+    """Registered checkpoints, their lineage, and what each alias serves."""
+    cfg = _config(profile, set_)
+    registry, _ = _swap(cfg)
+    table = Table("version", "kind", "parent", "dataset rows", "dataset sha256", "created")
+    for c in registry.list():
+        ds = c.dataset or {}
+        table.add_row(c.version, c.kind, c.parent or "-", str(ds.get("rows", "-")),
+                      (ds.get("content_hash") or "-")[:12], c.created)
+    console.print(table)
+    alias = cfg.worker.served_model_name
+    console.print(f"alias {alias!r} serves {registry.current(alias)}")
+
+
+@ckpt_app.command("deploy")
+def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None),
+                profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+    """Load a checkpoint on every worker, then move the alias to it."""
+    from feedback.hotswap import HotSwapError
+    from feedback.registry import RegistryError
+
+    cfg = _config(profile, set_)
+    _, swap = _swap(cfg)
+    try:
+        swap.deploy(alias or cfg.worker.served_model_name, version)
+    except (HotSwapError, RegistryError) as exc:
+        console.print(f"[red]deploy failed:[/] {exc}")
+        raise typer.Exit(1)
+    console.print(f"{alias or cfg.worker.served_model_name} -> {version}")
+
+
+@ckpt_app.command("rollback")
+def ckpt_rollback(alias: Optional[str] = typer.Option(None),
+                  profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+    """Move the alias back to the version it served before."""
+    from feedback.hotswap import HotSwapError
+    from feedback.registry import RegistryError
+
+    cfg = _config(profile, set_)
+    _, swap = _swap(cfg)
+    try:
+        target = swap.rollback(alias or cfg.worker.served_model_name)
+    except (HotSwapError, RegistryError) as exc:
+        console.print(f"[red]rollback failed:[/] {exc}")
+        raise typer.Exit(1)
+    console.print(f"{alias or cfg.worker.served_model_name} -> {target}")
 
 
 if __name__ == "__main__":

@@ -97,3 +97,11 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
     err_old = max(abs(a - b) for a, b in zip(served, old))
     print(f"\nmax |served - HF(new)| = {err_new:.4f}, max |served - HF(base)| = {err_old:.4f}")
     assert err_new < 0.1 and err_old > 5 * err_new
+
+    # Rolling back moves the alias to the base model the same way.
+    assert swap.rollback("tiny") == BASE
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, headers={"X-Env-ID": "swap-rollback"},
+                   json={"model": "tiny", "messages": PROMPT, "max_tokens": 6, "temperature": 0})
+    assert r.status_code == 200
+    models = {m["id"]: m["checkpoint_version"] for m in httpx.get(f"{url}/v1/models").json()["data"]}
+    assert models["tiny"] == BASE
