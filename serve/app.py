@@ -25,6 +25,9 @@ from serve.errors import APIError, install_error_handlers, model_not_found
 from serve.keys import KeyStore
 from serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
                             generate_response)
+from serve.tools.definitions import Bounds, parse_tools
+from serve.tools.grammar import grammar_for
+from serve.tools.response import StreamTransformer, transform_message
 from serve.upstream import Rewrite, upstream_error
 from traces.writer import TraceWriter
 
@@ -50,6 +53,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
             log.exception("trace %s could not be made durable", record.get("trace_id"))
     routes: dict[str, ModelRoute] = dict(config.models)
     keys = KeyStore(config.keys_file) if config.keys_file else None
+    bounds = Bounds(config.tools.max_string_length, config.tools.max_array_items)
 
     def caller_of(request: Request) -> Caller:
         return authenticate(request, config, keys)
@@ -135,9 +139,13 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         if route is None:
             raise model_not_found(body["model"])
         deployment = config.deployment(route.deployment)
+        tool_req = parse_tools(body, bounds) if operation == "chat" else None
+        if tool_req is not None and body.get("guided_grammar"):
+            raise APIError(400, "guided_grammar cannot be combined with tools", param="guided_grammar")
         ctx = _context(request, operation, body, route, caller)
         capture = Capture(ctx)
-        rewrite = Rewrite(body, operation, route.upstream_model)
+        rewrite = Rewrite(body, operation, route.upstream_model,
+                          grammar_for(tool_req, config.tools.layout) if tool_req else None)
         url = deployment.url + ENDPOINTS[operation]
         capture.mark_admitted()
         headers = {"X-Trace-ID": ctx.trace_id}
@@ -160,12 +168,22 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
             data = json.loads(await upstream.aread())
             await upstream.aclose()
             capture.on_response(data)
+            if tool_req is not None and data.get("choices"):
+                try:
+                    choice = transform_message(tool_req, data["choices"][0])
+                except APIError as err:
+                    await durable(capture.record(err.status, err.message))
+                    raise
+                msg = choice["message"]
+                capture.set_output(msg.get("content"), msg.get("tool_calls") or [])
             await durable(capture.record(200))
             return rewrite.client_view(data, ctx.alias), headers
-        return StreamingResponse(_relay(upstream, capture, rewrite, ctx.alias),
+        tools = StreamTransformer(tool_req) if tool_req is not None else None
+        return StreamingResponse(_relay(upstream, capture, rewrite, ctx.alias, tools),
                                  media_type="text/event-stream", headers=headers), headers
 
-    async def _relay(upstream: httpx.Response, capture: Capture, rewrite: Rewrite, alias: str):
+    async def _relay(upstream: httpx.Response, capture: Capture, rewrite: Rewrite, alias: str,
+                     tools: StreamTransformer | None):
         error: str | None = "client disconnected before the stream ended"
         event, recorded = None, False
         try:
@@ -177,6 +195,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    if tools is not None:
+                        capture.set_output(*tools.output())
                     error, recorded = None, True
                     await durable(capture.record(200))  # the client's [DONE] means "stored"
                     yield "data: [DONE]\n\n"
@@ -187,6 +207,13 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
                     yield f"data: {json.dumps({'error': obj.get('error', obj)})}\n\n"
                     break
                 capture.on_chunk(obj)
+                if tools is not None:
+                    try:
+                        obj = tools.chunk(obj)
+                    except APIError as err:
+                        error = err.message
+                        yield f"data: {json.dumps(err.body())}\n\n"
+                        break
                 view = rewrite.client_view(obj, alias)
                 if view is not None:
                     yield f"data: {json.dumps(view)}\n\n"

@@ -80,6 +80,11 @@ class Capture:
         """A whole unary response."""
         self._read(body, delta=False)
 
+    def set_output(self, content: str | None, tool_calls: list[dict]) -> None:
+        """Replace the raw text with what the gateway parsed out of it (content, tool calls)."""
+        self.content = [content] if content else []
+        self.tool_calls = dict(enumerate(tool_calls))
+
     def _read(self, obj: dict, delta: bool) -> None:
         self.response_id = self.response_id or obj.get("id")
         if obj.get("usage"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -22,6 +24,13 @@ class ModelRoute(BaseModel):
     checkpoint_version: str = "base"
 
 
+class ToolsConfig(BaseModel):
+    """How tool calls are constrained (see serve/tools/)."""
+    layout: Literal["glm47", "glm45"] = Field("glm47", description="GLM tool-call layout the model writes")
+    max_string_length: int = Field(4096, description="bound for string arguments the schema leaves unbounded")
+    max_array_items: int = Field(256, description="bound for arrays the schema leaves unbounded")
+
+
 class GatewayConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -35,6 +44,7 @@ class GatewayConfig(BaseModel):
     query_timeout_s: float = 30.0
     admin_key: str | None = Field(None, description="bearer key for /admin routes; None disables them")
     upstream_timeout_s: float = 600.0
+    tools: ToolsConfig = ToolsConfig()
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = 1.0
 

@@ -20,7 +20,8 @@ CAPTURE_FIELDS = ("completion_token_ids", "engine_data", "worker_id")
 class Rewrite:
     """The upstream body for one client request, and how to undo it on the way back."""
 
-    def __init__(self, body: dict[str, Any], operation: str, upstream_model: str):
+    def __init__(self, body: dict[str, Any], operation: str, upstream_model: str,
+                 grammar: str | None = None):
         self.client_body = body
         self.operation = operation
         up = copy.deepcopy(body)
@@ -40,6 +41,12 @@ class Rewrite:
             (body.get("stream_options") or {}).get("include_usage"))
         if body.get("stream"):
             up["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        if grammar is not None:
+            # The gateway enforces tool_choice / parallel_tool_calls itself, with this grammar,
+            # and parses the GLM markup; the engine just generates under the constraint.
+            up.pop("tool_choice", None)
+            up.pop("parallel_tool_calls", None)
+            up["guided_grammar"] = grammar
         self.upstream_body = up
 
     def client_view(self, obj: dict, alias: str) -> dict | None:

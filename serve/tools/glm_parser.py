@@ -1,0 +1,202 @@
+"""GLM tool-call text -> OpenAI ``tool_calls``, streamed or not, with identical results.
+
+``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`` (inline, or with
+newlines between the parts). Values are typed by the tool's schema, fixing what public GLM
+parsers get wrong:
+
+- values are taken as written: ``&lt;`` stays ``&lt;`` (no HTML unescaping);
+- a value whose schema allows only strings stays a string even if it looks like JSON;
+- for nullable and union types the JSON reading wins when it is an allowed type, so ``null``
+  is JSON null, not the string "null", and ``42`` is a number where numbers are allowed;
+- a key without ``<arg_value>``, markup inside a name, or a call left open is an error,
+  never an empty ``{}``.
+
+The streaming parser releases text as soon as it cannot be the start of a tool call, and a
+call only when it is complete, so no partial name is ever sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve.tools.definitions import NAME_RE, ToolRequest
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+KEY_OPEN, KEY_CLOSE, VAL_OPEN, VAL_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
+               int: "integer", float: "number"}
+
+
+class ToolCallParseError(ValueError):
+    """The model's tool-call markup is malformed."""
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+
+    def openai(self, index: int | None = None) -> dict:
+        out = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        if index is not None:
+            out["index"] = index
+        return out
+
+
+def _resolve(schema: Any, root: dict) -> Any:
+    seen = 0
+    while isinstance(schema, dict) and "$ref" in schema and seen < 64:
+        target: Any = root
+        for part in schema["$ref"][2:].split("/"):
+            target = target[part.replace("~1", "/").replace("~0", "~")]
+        schema, seen = target, seen + 1
+    return schema
+
+
+def allowed_types(schema: Any, root: dict) -> set[str] | None:
+    """JSON types a value may take under ``schema``; None when anything goes."""
+    schema = _resolve(schema, root)
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return {_JSON_TYPES[type(schema["const"])]}
+    if "enum" in schema:
+        return {_JSON_TYPES[type(v)] for v in schema["enum"]}
+    t = schema.get("type")
+    if t is not None:
+        types = set(t) if isinstance(t, list) else {t}
+        return types | ({"integer"} if "number" in types else set())
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if branches:
+        out: set[str] = set()
+        for b in branches:
+            bt = allowed_types(b, root)
+            if bt is None:
+                return None
+            out |= bt
+        return out
+    return None
+
+
+def _typed_value(raw: str, schema: Any, root: dict) -> Any:
+    text = raw.strip()
+    types = allowed_types(schema, root)
+    if types == {"string"}:
+        return text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text  # not JSON: a string (if strings are not allowed, validation says so)
+    kind = _JSON_TYPES[type(value)]
+    if types is None or kind in types or (kind == "integer" and "number" in types):
+        return value
+    return text
+
+
+def parse_call(block: str, req: ToolRequest | None) -> ToolCall:
+    """One ``<tool_call>...</tool_call>`` body (without the outer tags)."""
+    head, sep, rest = block.partition(KEY_OPEN)
+    name = head.strip()
+    if not name or not NAME_RE.match(name):
+        raise ToolCallParseError(f"malformed tool name {name[:80]!r} (markup or text leaked into it)")
+    tool = req.by_name().get(name) if req else None
+    root = tool.parameters if tool else {}
+    props = root.get("properties", {}) if isinstance(root, dict) else {}
+    args: dict[str, Any] = {}
+    rest = sep + rest
+    while rest.strip():
+        rest = rest.lstrip()
+        if not rest.startswith(KEY_OPEN):
+            raise ToolCallParseError(f"unexpected text in the arguments of {name!r}: {rest[:60]!r}")
+        key, found, rest = rest[len(KEY_OPEN):].partition(KEY_CLOSE)
+        if not found:
+            raise ToolCallParseError(f"<arg_key> without </arg_key> in {name!r}")
+        key = key.strip()
+        rest = rest.lstrip()
+        if not rest.startswith(VAL_OPEN):
+            raise ToolCallParseError(f"argument {key!r} of {name!r} has no <arg_value>")
+        value, found, rest = rest[len(VAL_OPEN):].partition(VAL_CLOSE)
+        if not found:
+            raise ToolCallParseError(f"<arg_value> of {key!r} in {name!r} is not closed")
+        if key in args:
+            raise ToolCallParseError(f"argument {key!r} of {name!r} given twice")
+        args[key] = _typed_value(value, props.get(key, {}), root)
+    return ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
+
+
+class StreamingParser:
+    """Feed text as it arrives; get back content pieces and completed calls, in order."""
+
+    def __init__(self, req: ToolRequest | None):
+        self.req = req
+        self._buf = ""
+        self._in_call = False
+        self.calls: list[ToolCall] = []
+        self.content: list[str] = []
+
+    def feed(self, text: str) -> list[tuple[str, Any]]:
+        """Events: ("content", str) and ("call", ToolCall)."""
+        self._buf += text
+        events: list[tuple[str, Any]] = []
+        while True:
+            if self._in_call:
+                body, found, rest = self._buf.partition(CLOSE)
+                if not found:
+                    return events
+                call = parse_call(body, self.req)
+                self.calls.append(call)
+                events.append(("call", call))
+                self._buf, self._in_call = rest, False
+                continue
+            start = self._buf.find(OPEN)
+            if start >= 0:
+                if start:
+                    events.append(self._text(self._buf[:start]))
+                self._buf, self._in_call = self._buf[start + len(OPEN):], True
+                continue
+            keep = _partial_suffix(self._buf, OPEN)  # might be the start of "<tool_call>"
+            ready = self._buf[:len(self._buf) - keep]
+            if ready:
+                events.append(self._text(ready))
+            self._buf = self._buf[len(self._buf) - keep:]
+            return events
+
+    def finish(self) -> list[tuple[str, Any]]:
+        if self._in_call:
+            raise ToolCallParseError("the output ended inside a tool call (</tool_call> missing; "
+                                     "raise max_tokens)")
+        events = [self._text(self._buf)] if self._buf else []
+        self._buf = ""
+        return events
+
+    def _text(self, text: str) -> tuple[str, str]:
+        self.content.append(text)
+        return ("content", text)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+def parse(text: str, req: ToolRequest | None) -> tuple[str, list[ToolCall]]:
+    """Whole-output parse (same code path as streaming): content text and calls."""
+    p = StreamingParser(req)
+    p.feed(text)
+    p.finish()
+    return "".join(p.content), p.calls
+
+
+_WS = re.compile(r"^\s+$")
+
+
+def content_or_none(text: str, calls: list[ToolCall]) -> str | None:
+    """OpenAI sends ``content: null`` next to tool calls when there is no real text."""
+    return None if calls and (not text or _WS.match(text)) else text

@@ -1,0 +1,61 @@
+"""The grammar an engine enforces for a request's tools (xgrammar structural tags -> EBNF).
+
+The structural tag describes the GLM tool-call format, in either layout:
+``glm47`` writes ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>``
+inline; ``glm45`` puts a newline between the parts. Only declared names can follow
+``<tool_call>``, and each tool's arguments follow its (bounded) JSON Schema in GLM's XML style
+(string values raw, everything else JSON). ``tool_choice``: ``auto`` allows text and calls,
+``required`` allows only calls (at least one), a named choice allows only that tool, ``none``
+allows text with no tool-call markup at all; ``parallel_tool_calls: false`` stops after the
+first call. Dynamo passes EBNF to vLLM as ``guided_grammar`` (it rejects a structural-tag
+``response_format``), so the tag is compiled to EBNF here, once per distinct tool set.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Literal
+
+from serve.tools.definitions import ToolRequest
+
+MARKUP = ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+Layout = Literal["glm47", "glm45"]
+
+
+def structural_tag(req: ToolRequest, layout: Layout = "glm47") -> dict:
+    from xgrammar.structural_tag import (AnyTextFormat, JSONSchemaFormat, StructuralTag, TagFormat,
+                                         TagsWithSeparatorFormat, TriggeredTagsFormat)
+
+    newline = "\n" if layout == "glm45" else ""
+    whitespace = 1  # one separator character at most: weak models otherwise emit whitespace forever
+
+    def tag(tool) -> TagFormat:
+        return TagFormat(begin=f"<tool_call>{tool.name}{newline}",
+                         content=JSONSchemaFormat(json_schema=tool.grammar_schema, style="glm_xml",
+                                                  max_whitespace_cnt=whitespace),
+                         end=f"{newline}</tool_call>" if layout == "glm45" else "</tool_call>")
+
+    if req.choice == "none":
+        fmt = AnyTextFormat(excludes=MARKUP)
+    elif req.choice == "named":
+        fmt = TagsWithSeparatorFormat(tags=[tag(req.by_name()[req.named])], separator=newline,
+                                      at_least_one=True, stop_after_first=not req.parallel)
+    elif req.choice == "required":
+        fmt = TagsWithSeparatorFormat(tags=[tag(t) for t in req.tools], separator=newline,
+                                      at_least_one=True, stop_after_first=not req.parallel)
+    else:
+        fmt = TriggeredTagsFormat(triggers=["<tool_call>"], tags=[tag(t) for t in req.tools],
+                                  excludes=MARKUP[1:], stop_after_first=not req.parallel)
+    return StructuralTag(format=fmt).model_dump(mode="json")
+
+
+@lru_cache(maxsize=512)
+def _ebnf(tag_json: str) -> str:
+    import xgrammar as xgr
+    return str(xgr.Grammar.from_structural_tag(tag_json))
+
+
+def grammar_for(req: ToolRequest, layout: Layout = "glm47") -> str:
+    """EBNF for ``guided_grammar``; cached per distinct tools / choice / layout."""
+    return _ebnf(json.dumps(structural_tag(req, layout), sort_keys=True))
