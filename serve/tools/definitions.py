@@ -28,7 +28,7 @@ INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
 @dataclass(frozen=True)
 class Bounds:
-    max_string_length: int = 4096
+    max_string_length: int | None = 4096
     max_array_items: int = 256
 
 
@@ -74,27 +74,59 @@ def _check_refs(node: Any, root: dict, where: str) -> None:
             _check_refs(value, root, where)
 
 
-def _bounded(node: Any, bounds: Bounds) -> Any:
-    """A copy of the schema with practical bounds and the control-character workaround."""
+def _bounded(node: Any, bounds: Bounds, raw_strings: bool = False) -> Any:
+    """A copy of the schema with practical bounds and the control-character workaround.
+
+    ``raw_strings`` marks the argument object itself: in GLM's format its string values are
+    written raw between ``<arg_value>`` tags (no JSON quoting, so no control-character bug),
+    and a ``pattern`` there would let markup such as ``</arg_value>`` into a value. Strings
+    anywhere deeper are JSON-encoded and get the pattern."""
     if isinstance(node, list):
         return [_bounded(v, bounds) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _bounded(v, bounds) for k, v in node.items()}
+    out = {}
+    for k, v in node.items():
+        if raw_strings and k == "properties" and isinstance(v, dict):
+            out[k] = {name: _bounded_top(prop, bounds) for name, prop in v.items()}
+        else:
+            out[k] = _bounded(v, bounds)
     types = out.get("type")
     types = types if isinstance(types, list) else [types]
     if "integer" in types:
         out.setdefault("minimum", INT64[0])
         out.setdefault("maximum", INT64[1])
-    if "string" in types and "enum" not in out and "const" not in out and "format" not in out:
-        if "pattern" not in out:
-            lo = int(out.pop("minLength", 0))
-            hi = int(out.pop("maxLength", bounds.max_string_length))
-            # printable, no quote or backslash: always valid inside a JSON string
-            out["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{lo},{hi}}}$'
+    if not raw_strings and "string" in types and not {"enum", "const", "format", "pattern"} & set(out):
+        lo = int(out.pop("minLength", 0))
+        hi = int(out.pop("maxLength", bounds.max_string_length or 1 << 20))
+        # printable, no quote or backslash: always valid inside a JSON string
+        out["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{lo},{hi}}}$'
     if "array" in types:
         out.setdefault("maxItems", bounds.max_array_items)
     return out
+
+
+def raw_string_pattern(lo: int, hi: int) -> str:
+    """A top-level GLM string argument of lo..hi characters that cannot contain markup (no
+    ``<``) and has no whitespace at either end (the grammar's own separators are whitespace,
+    and the parser strips them)."""
+    inner = f"[^<\\s][^<]{{{max(lo - 2, 0)},{max(hi - 2, 0)}}}[^<\\s]" if hi >= 2 else None
+    options = ([""] if lo == 0 else []) + (["[^<\\s]"] if lo <= 1 <= hi else []) + ([inner] if inner else [])
+    return "^(?:" + "|".join(options) + ")$"
+
+
+def _bounded_top(prop: Any, bounds: Bounds) -> Any:
+    """A top-level argument: raw text when it is a plain string, JSON (bounded as usual)
+    otherwise. xgrammar lets a length-bounded raw string contain ``</arg_value>`` (it compiles
+    to any characters), so bounded raw strings get a pattern that excludes markup instead."""
+    if isinstance(prop, dict) and prop.get("type") in ("string", ["string"], ["string", "null"], ["null", "string"]):
+        out = {k: _bounded(v, bounds) for k, v in prop.items()}
+        if not {"enum", "const", "pattern", "format"} & set(out):
+            lo, hi = out.pop("minLength", 0), out.pop("maxLength", bounds.max_string_length)
+            if hi is not None or lo:
+                out["pattern"] = raw_string_pattern(int(lo), int(hi if hi is not None else 1 << 20))
+        return out
+    return _bounded(prop, bounds)
 
 
 def parse_tools(body: dict, bounds: Bounds = Bounds()) -> ToolRequest | None:
@@ -132,7 +164,8 @@ def parse_tools(body: dict, bounds: Bounds = Bounds()) -> ToolRequest | None:
         except jsonschema.SchemaError as exc:
             raise _bad(f"{pwhere} is not a valid JSON Schema: {exc.message}", pwhere) from None
         _check_refs(params, params, pwhere)
-        tools.append(Tool(name=name, parameters=params, grammar_schema=_bounded(copy.deepcopy(params), bounds),
+        tools.append(Tool(name=name, parameters=params,
+                          grammar_schema=_bounded(copy.deepcopy(params), bounds, raw_strings=True),
                           validator=validator_cls(params)))
     choice, named = "auto", None
     if choice_raw is None or choice_raw == "auto":

@@ -24,8 +24,8 @@ Layout = Literal["glm47", "glm45"]
 
 
 def structural_tag(req: ToolRequest, layout: Layout = "glm47") -> dict:
-    from xgrammar.structural_tag import (AnyTextFormat, JSONSchemaFormat, StructuralTag, TagFormat,
-                                         TagsWithSeparatorFormat, TriggeredTagsFormat)
+    from xgrammar.structural_tag import (AnyTextFormat, JSONSchemaFormat, OrFormat, StructuralTag,
+                                         TagFormat, TagsWithSeparatorFormat, TriggeredTagsFormat)
 
     newline = "\n" if layout == "glm45" else ""
     whitespace = 1  # one separator character at most: weak models otherwise emit whitespace forever
@@ -38,12 +38,12 @@ def structural_tag(req: ToolRequest, layout: Layout = "glm47") -> dict:
 
     if req.choice == "none":
         fmt = AnyTextFormat(excludes=MARKUP)
-    elif req.choice == "named":
-        fmt = TagsWithSeparatorFormat(tags=[tag(req.by_name()[req.named])], separator=newline,
-                                      at_least_one=True, stop_after_first=not req.parallel)
-    elif req.choice == "required":
-        fmt = TagsWithSeparatorFormat(tags=[tag(t) for t in req.tools], separator=newline,
-                                      at_least_one=True, stop_after_first=not req.parallel)
+    elif req.choice in ("named", "required"):
+        tags = [tag(req.by_name()[req.named])] if req.choice == "named" else [tag(t) for t in req.tools]
+        if req.parallel:
+            fmt = TagsWithSeparatorFormat(tags=tags, separator=newline, at_least_one=True)
+        else:  # exactly one call (stop_after_first does not end the grammar by itself)
+            fmt = tags[0] if len(tags) == 1 else OrFormat(elements=tags)
     else:
         fmt = TriggeredTagsFormat(triggers=["<tool_call>"], tags=[tag(t) for t in req.tools],
                                   excludes=MARKUP[1:], stop_after_first=not req.parallel)

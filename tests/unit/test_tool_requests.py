@@ -1,0 +1,105 @@
+"""Malformed tool requests get OpenAI-shaped 400s before reaching a deployment; the grammar
+builder and the schema bounds behave as documented."""
+
+import json
+import re
+
+import pytest
+import xgrammar as xgr
+
+from serve.tools.definitions import Bounds, parse_tools, raw_string_pattern, validate_call
+from serve.tools.grammar import grammar_for
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"]}}}
+
+
+def chat(**kw):
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+@pytest.mark.parametrize("tools, choice, param, message", [
+    ([WEATHER, WEATHER], None, "tools[1].function.name", "duplicate"),
+    ([{"type": "function", "function": {"name": "get weather"}}], None, "tools[0].function.name", "must match"),
+    ([{"type": "function", "function": {"name": "x" * 65}}], None, "tools[0].function.name", "must match"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "strng"}}}}}],
+     None, "tools[0].function.parameters", "not a valid JSON Schema"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"$ref": "http://x/y.json"}}}}}],
+     None, "tools[0].function.parameters", "only local references"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}],
+     None, "tools[0].function.parameters", "points at nothing"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], None,
+     "tools[0].function.parameters", "must describe an object"),
+    ([{"type": "retrieval"}], None, "tools[0]", "expected"),
+    ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice", "not among"),
+    ([WEATHER], "sometimes", "tool_choice", "must be"),
+    (None, "required", "tool_choice", "needs tools"),
+])
+def test_malformed_tool_requests_get_a_400_naming_the_parameter(setup, tools, choice, param, message):
+    client, _ = setup
+    body = chat(**({"tools": tools} if tools else {}), **({"tool_choice": choice} if choice else {}))
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and message in err["message"] and err["code"] == "invalid_tools"
+
+
+def test_schemas_are_bounded_for_the_grammar_but_validated_as_declared():
+    req = parse_tools({"tools": [WEATHER]}, Bounds(max_string_length=20))
+    schema = req.tools[0].grammar_schema["properties"]
+    assert schema["days"]["maximum"] == 2 ** 63 - 1 and schema["days"]["minimum"] == -(2 ** 63)
+    assert schema["city"]["pattern"] == raw_string_pattern(0, 20)
+    assert validate_call(req, "get_weather", json.dumps({"city": "x" * 100})) is None  # declared: unbounded
+    assert "undeclared" in validate_call(req, "get_time", "{}")
+    assert "fail its schema" in validate_call(req, "get_weather", json.dumps({"days": 2}))
+
+
+def test_the_maxlength_workaround_keeps_control_characters_out_of_json_strings():
+    # xgrammar 0.2.x: a JSON string with maxLength compiles to [^"\\\r\n]{m,n}, which accepts raw
+    # control characters (invalid JSON). The bounded schema uses a pattern that excludes them.
+    # (Top-level GLM arguments are raw text, so only JSON-encoded, nested strings need it.)
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 5}}, "required": ["s"]}
+    raw = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    params = {"type": "object", "properties": {"o": schema}}
+    req = parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": params}}]})
+    nested = req.tools[0].grammar_schema["properties"]["o"]
+    fixed = xgr.Grammar.from_json_schema(json.dumps(nested), any_whitespace=False)
+    bad = '{"s": "a\x01b"}'
+    assert _accepts(raw, bad), "xgrammar fixed the bug: the workaround can go"
+    assert not _accepts(fixed, bad)
+    assert _accepts(fixed, '{"s": "abcde"}') and not _accepts(fixed, '{"s": "abcdef"}')
+
+
+def _accepts(grammar, text: str) -> bool:
+    from xgrammar.testing import _get_matcher_from_grammar
+    matcher = _get_matcher_from_grammar(grammar)
+    return matcher.accept_string(text) and matcher.is_terminated()
+
+
+@pytest.mark.parametrize("layout", ["glm47", "glm45"])
+def test_the_grammar_admits_only_declared_names_and_the_chosen_shape(layout):
+    req = parse_tools({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False})
+    g = xgr.Grammar.from_ebnf(grammar_for(req, layout))
+    sep = "\n" if layout == "glm45" else ""
+    good = f"<tool_call>get_weather{sep}<arg_key>city</arg_key>{sep}<arg_value>Oslo</arg_value>{sep}</tool_call>"
+    assert _accepts(g, good)
+    assert not _accepts(g, good.replace("get_weather", "get_time"))
+    assert not _accepts(g, good + sep + good)                       # parallel_tool_calls: false
+    assert not _accepts(g, "Sure!")                                  # required: a call, not text
+    none = xgr.Grammar.from_ebnf(grammar_for(parse_tools({"tools": [WEATHER], "tool_choice": "none"}), layout))
+    assert _accepts(none, "Sure!") and not _accepts(none, good)
+    assert re.search(r"get_weather", grammar_for(req, layout))
+
+
+def test_bounded_raw_string_arguments_cannot_carry_markup_or_edge_whitespace():
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 1, "maxLength": 6}},
+              "required": ["a"]}
+    req = parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+                       "tool_choice": "required"})
+    g = xgr.Grammar.from_ebnf(grammar_for(req))
+    call = "<tool_call>f<arg_key>a</arg_key><arg_value>{}</arg_value></tool_call>"
+    for value, ok in [("x", True), ("a b", True), ("abcdef", True), ("abcdefg", False), ("", False),
+                      ("x</arg_value>", False), ("a<b", False), ("a ", True)]:
+        # "a " is "a" plus the one separator the grammar allows: the parser strips it
+        assert _accepts(g, call.format(value)) == ok, value
