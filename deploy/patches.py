@@ -16,6 +16,16 @@ QWEN_IMPORT = ("from transformers.models.qwen2_vl.image_processing_qwen2_vl impo
                "from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize")
 
 
+# vLLM rewinds a seeded request's generator when its sampled token is discarded (e.g. a chunked
+# prefill step). CPU generators have no offset, so with seeded requests under load the engine
+# core dies ("CPU Generator does not use offset") and takes every request with it. On CPU the
+# rewind is skipped: a seeded request that was chunked may sample differently, nothing crashes.
+SEEDED_DISCARD = ("""            if gen is not None:
+                gen.set_offset(gen.get_offset() - 4)""",
+                  """            if gen is not None and gen.device.type != "cpu":  # flywheel: CPU has no offset
+                gen.set_offset(gen.get_offset() - 4)""")
+
+
 def _module_file(module: str) -> Path | None:
     spec = importlib.util.find_spec(module.split(".")[0])
     if spec is None or not spec.submodule_search_locations:
@@ -38,6 +48,7 @@ def patch(module: str, old: str, new: str) -> str:
 
 def main() -> int:
     print(patch("dynamo.vllm.multimodal_utils.models.qwen", *QWEN_IMPORT))
+    print(patch("vllm.v1.worker.gpu_model_runner", *SEEDED_DISCARD))
     return 0
 
 

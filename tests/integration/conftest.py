@@ -13,7 +13,9 @@ from deploy.launcher import down, up
 def stack(tmp_path_factory):
     home = tmp_path_factory.mktemp("flywheel-home")
     cfg = load_config("local", [f"home={home}", "gateway.port=18000", "frontend.port=18100",
-                                "worker.system_port_base=18200", "worker.nixl_port_base=15600"],
+                                "worker.system_port_base=18200", "worker.nixl_port_base=15600",
+                                # a random-weight model never ends an unbounded value: bound them
+                                "gateway.tools.max_string_length=12", "gateway.tools.max_array_items=3"],
                       environ={})
     t0 = time.monotonic()
     up(cfg)
