@@ -20,6 +20,8 @@ class ModelRoute(BaseModel):
     """What a public model name (an alias) maps to right now."""
 
     deployment: str
+    fallbacks: list[str] = Field(default_factory=list,
+                                 description="deployments serving the same model, tried in order on failure")
     upstream_model: str = Field(description="model name the deployment serves (base or LoRA)")
     checkpoint_version: str = "base"
 
@@ -29,6 +31,35 @@ class ToolsConfig(BaseModel):
     layout: Literal["glm47", "glm45"] = Field("glm47", description="GLM tool-call layout the model writes")
     max_string_length: int = Field(4096, description="bound for string arguments the schema leaves unbounded")
     max_array_items: int = Field(256, description="bound for arrays the schema leaves unbounded")
+
+
+class Capacity(BaseModel):
+    max_requests: int = Field(64, description="requests in flight on the deployment")
+    max_tokens: int = Field(2_000_000, description="worst-case tokens (prompt + max_tokens) in flight")
+
+
+class AdmissionConfig(BaseModel):
+    lease_ttl_s: float = Field(10.0, description="a dead replica's leases lapse after this")
+    queue_limit: int = Field(256, description="requests waiting for capacity per deployment and replica")
+    max_queue_wait_s: float = Field(5.0, description="then 429 with Retry-After")
+
+
+class BreakerConfig(BaseModel):
+    window_s: float = 10.0
+    min_requests: int = 5
+    error_rate: float = 0.5
+    open_s: float = Field(5.0, description="how long an open breaker keeps traffic away")
+    probe_timeout_s: float = 30.0
+
+
+class Budget(BaseModel):
+    tokens: int | None = None
+    usd: float | None = None
+
+
+class Price(BaseModel):
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
 
 
 class GatewayConfig(BaseModel):
@@ -45,6 +76,13 @@ class GatewayConfig(BaseModel):
     admin_key: str | None = Field(None, description="bearer key for /admin routes; None disables them")
     upstream_timeout_s: float = 600.0
     tools: ToolsConfig = ToolsConfig()
+    redis_url: str | None = Field(None, description="shared state for several replicas; None = one replica")
+    capacity: dict[str, Capacity] = Field(default_factory=dict, description="deployment -> capacity")
+    admission: AdmissionConfig = AdmissionConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    budgets: dict[str, Budget] = Field(default_factory=dict, description="team -> spend limit")
+    prices: dict[str, Price] = Field(default_factory=dict, description="model alias -> price per 1M tokens")
+    first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = 1.0
 

@@ -1,0 +1,150 @@
+"""Lease-based admission control and per-team budgets.
+
+A request holds a lease on its deployment (one request slot plus its worst-case tokens) for
+as long as it runs: renewed every third of the TTL while it streams, released when it ends.
+A replica that dies stops renewing, so its capacity returns within the TTL. When a deployment
+is full the request waits in a bounded queue, then gets a 429 with ``Retry-After``.
+
+Budgets work the same way on a team's ledger: admission reserves the request's worst-case cost
+(prompt upper bound + ``max_tokens``, in tokens and in money at the model's prices) and the
+completion settles it at the real usage, so concurrent requests can never spend past the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import uuid
+from dataclasses import dataclass
+
+from serve.config import GatewayConfig
+from serve.errors import APIError
+from serve.ledger import Ledger, Reservation
+from serve.shared_state import SharedState
+
+NO_LIMIT = -1
+
+
+def worst_case_tokens(body: dict) -> tuple[int, int]:
+    """(prompt upper bound, completion maximum). A byte-level BPE token covers at least one
+    byte, so the prompt's UTF-8 size plus a margin per message for the chat template bounds its
+    token count without tokenizing."""
+    prompt = body.get("messages") if "messages" in body else body.get("prompt", body.get("token_ids"))
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        prompt_tokens = len(prompt)
+    else:
+        n_messages = len(prompt) if isinstance(prompt, list) else 1
+        prompt_tokens = len(json.dumps(prompt, ensure_ascii=False).encode()) + 16 * n_messages
+        if body.get("tools"):
+            prompt_tokens += len(json.dumps(body["tools"]).encode())
+    sp = body.get("sampling_params") or {}
+    completion = body.get("max_completion_tokens") or body.get("max_tokens") or sp.get("max_tokens") or 1024
+    return prompt_tokens, int(completion)
+
+
+@dataclass
+class Admitted:
+    lease: Reservation | None
+    budget: Reservation | None
+
+
+class Admission:
+    def __init__(self, config: GatewayConfig, state: SharedState):
+        self.config = config
+        a = config.admission
+        self.leases = Ledger(state, "fw:lease", a.lease_ttl_s)
+        self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s)
+        self._waiting: dict[str, int] = {}
+
+    def _price(self, model: str) -> tuple[float, float]:
+        p = self.config.prices.get(model)
+        return (p.input_per_mtok, p.output_per_mtok) if p else (0.0, 0.0)
+
+    async def admit(self, deployment: str, team: str, model: str, body: dict) -> Admitted:
+        prompt, completion = worst_case_tokens(body)
+        budget = self._reserve_budget(team, model, prompt, completion)
+        try:
+            lease = await self._lease(deployment, prompt + completion)
+        except BaseException:
+            if budget is not None:
+                self.budgets.settle(budget)
+            raise
+        return Admitted(lease, budget)
+
+    def _reserve_budget(self, team: str, model: str, prompt: int, completion: int) -> Reservation | None:
+        limit = self.config.budgets.get(team)
+        if limit is None:
+            return None
+        pin, pout = self._price(model)
+        cost_usd = (prompt * pin + completion * pout) / 1e6
+        res = self.budgets.reserve(team, "b-" + uuid.uuid4().hex, prompt + completion, cost_usd * 1e6,
+                                   (NO_LIMIT, limit.tokens if limit.tokens is not None else NO_LIMIT,
+                                    limit.usd * 1e6 if limit.usd is not None else NO_LIMIT))
+        if res is None:
+            raise APIError(429, f"team {team!r} has not enough budget left for this request "
+                                f"(worst case {prompt + completion} tokens, ${cost_usd:.6f}); see GET /v1/usage",
+                           type="insufficient_quota", code="insufficient_quota")
+        return res
+
+    async def _lease(self, deployment: str, tokens: int) -> Reservation | None:
+        cap = self.config.capacity.get(deployment)
+        if cap is None:
+            return None
+        limits = (cap.max_requests, cap.max_tokens, NO_LIMIT)
+        rid = "l-" + uuid.uuid4().hex
+        res = self.leases.reserve(deployment, rid, tokens, 0, limits)
+        if res is not None:
+            return res
+        a = self.config.admission
+        if self._waiting.get(deployment, 0) >= a.queue_limit:
+            raise self._full(deployment, "its queue is full")
+        self._waiting[deployment] = self._waiting.get(deployment, 0) + 1
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + a.max_queue_wait_s
+            delay = 0.01
+            while loop.time() < deadline:
+                await asyncio.sleep(delay)
+                res = self.leases.reserve(deployment, rid, tokens, 0, limits)
+                if res is not None:
+                    return res
+                delay = min(delay * 2, 0.2)
+        finally:
+            self._waiting[deployment] -= 1
+        raise self._full(deployment, f"no capacity freed within {a.max_queue_wait_s:g} s")
+
+    def _full(self, deployment: str, why: str) -> APIError:
+        err = APIError(429, f"deployment {deployment!r} is at capacity ({why}); retry later",
+                       type="rate_limit_error", code="capacity_exceeded")
+        err.headers = {"Retry-After": str(max(1, math.ceil(self.config.admission.lease_ttl_s / 3)))}
+        return err
+
+    def renew(self, admitted: Admitted) -> None:
+        for res, ledger in ((admitted.lease, self.leases), (admitted.budget, self.budgets)):
+            if res is not None:
+                ledger.renew(res)
+
+    def release(self, admitted: Admitted, model: str, usage: dict | None) -> None:
+        """End the lease; settle the budget at the real usage (worst case if unknown)."""
+        if admitted.lease is not None:
+            self.leases.settle(admitted.lease)
+        if admitted.budget is not None:
+            res = admitted.budget
+            if usage:
+                pin, pout = self._price(model)
+                tin, tout = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+                self.budgets.settle(res, tin + tout, tin * pin + tout * pout)
+            else:  # unknown usage (e.g. a failed stream): charge nothing, the engine did no work
+                self.budgets.settle(res, 0, 0)
+
+    def usage(self, team: str) -> dict:
+        t = self.budgets.totals(team)
+        limit = self.config.budgets.get(team)
+        return {"team": team, "spent_tokens": int(t.spent_a), "spent_usd": round(t.spent_b / 1e6, 6),
+                "reserved_tokens": int(t.reserved_a), "in_flight": t.live,
+                "limit_tokens": limit.tokens if limit else None, "limit_usd": limit.usd if limit else None}
+
+    def leases_held(self, deployment: str) -> tuple[int, int]:
+        t = self.leases.totals(deployment)
+        return t.live, int(t.reserved_a)

@@ -1,0 +1,128 @@
+"""A circuit breaker per deployment, shared by every gateway replica through Redis.
+
+Closed: requests flow; outcomes (success, or connect error / 5xx / timeout) are kept for a
+window, and when at least ``min_requests`` of them show an error rate of ``error_rate`` or more
+the breaker opens. Open: the deployment gets no traffic for ``open_s``; then one request is let
+through as a probe (half-open): success closes the breaker, failure opens it again. The state
+lives in Redis so all replicas react to the same evidence; without Redis each replica keeps its
+own breaker and behaves the same way on what it sees.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+from serve.config import BreakerConfig
+from serve.shared_state import SharedState, SharedStateDown
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+STATE_CODES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}
+
+_RECORD = """
+local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
+local window, min_n, rate = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if state == 'half_open' then
+  if ARGV[1] == '1' then
+    redis.call('HSET', KEYS[1], 'state', 'closed'); redis.call('DEL', KEYS[2])
+  else
+    redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now)
+  end
+  return redis.call('HGET', KEYS[1], 'state')
+end
+redis.call('ZADD', KEYS[2], now, ARGV[5] .. ':' .. ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
+redis.call('EXPIRE', KEYS[2], math.ceil(window) + 1)
+if state == 'closed' then
+  local events = redis.call('ZRANGE', KEYS[2], 0, -1)
+  local errors = 0
+  for _, e in ipairs(events) do if string.sub(e, -2) == ':0' then errors = errors + 1 end end
+  if #events >= min_n and errors / #events >= rate then
+    redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now)
+    return 'open'
+  end
+end
+return state
+"""
+_ALLOW = """
+local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if state == 'closed' then return 1 end
+local open_s, probe_s = tonumber(ARGV[1]), tonumber(ARGV[2])
+if state == 'open' then
+  if now >= tonumber(redis.call('HGET', KEYS[1], 'opened_at')) + open_s then
+    redis.call('HSET', KEYS[1], 'state', 'half_open', 'probe_at', now)
+    return 1
+  end
+  return 0
+end
+if now >= tonumber(redis.call('HGET', KEYS[1], 'probe_at') or '0') + probe_s then
+  redis.call('HSET', KEYS[1], 'probe_at', now)
+  return 1
+end
+return 0
+"""
+
+
+class Breakers:
+    def __init__(self, state: SharedState, cfg: BreakerConfig):
+        self.state, self.cfg = state, cfg
+        self._local: dict[str, dict] = {}
+        self._lock = threading.Lock()
+
+    def _keys(self, dep: str) -> list[str]:
+        return [f"fw:breaker:{dep}", f"fw:breaker:{dep}:events"]
+
+    def allow(self, dep: str) -> bool:
+        if self.state.client() is not None:
+            try:
+                return bool(self.state.run("allow", _ALLOW, self._keys(dep), [self.cfg.open_s, self.cfg.probe_timeout_s]))
+            except SharedStateDown:
+                pass
+        with self._lock:
+            b = self._local.setdefault(dep, {"state": CLOSED, "events": []})
+            now = time.monotonic()
+            if b["state"] == CLOSED:
+                return True
+            if b["state"] == OPEN:
+                if now >= b["opened_at"] + self.cfg.open_s:
+                    b.update(state=HALF_OPEN, probe_at=now)
+                    return True
+                return False
+            if now >= b.get("probe_at", 0) + self.cfg.probe_timeout_s:
+                b["probe_at"] = now
+                return True
+            return False
+
+    def record(self, dep: str, ok: bool) -> str:
+        """Count one outcome; returns the breaker state after it."""
+        if self.state.client() is not None:
+            try:
+                return self.state.run("record", _RECORD, self._keys(dep),
+                                      ["1" if ok else "0", self.cfg.window_s, self.cfg.min_requests,
+                                       self.cfg.error_rate, uuid.uuid4().hex[:12]])
+            except SharedStateDown:
+                pass
+        with self._lock:
+            b = self._local.setdefault(dep, {"state": CLOSED, "events": []})
+            now = time.monotonic()
+            if b["state"] == HALF_OPEN:
+                b.update(state=CLOSED, events=[]) if ok else b.update(state=OPEN, opened_at=now)
+                return b["state"]
+            b["events"] = [e for e in b["events"] if e[0] > now - self.cfg.window_s] + [(now, ok)]
+            errors = sum(1 for _, good in b["events"] if not good)
+            if b["state"] == CLOSED and len(b["events"]) >= self.cfg.min_requests \
+                    and errors / len(b["events"]) >= self.cfg.error_rate:
+                b.update(state=OPEN, opened_at=now)
+            return b["state"]
+
+    def state_of(self, dep: str) -> str:
+        client = self.state.client()
+        if client is not None:
+            try:
+                return client.hget(f"fw:breaker:{dep}", "state") or CLOSED
+            except Exception as exc:  # noqa: BLE001 - any Redis failure means "use local"
+                self.state.failed(exc)
+        return self._local.get(dep, {}).get("state", CLOSED)

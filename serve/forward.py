@@ -1,0 +1,231 @@
+"""One request's way through the gateway: admission, deployment choice, forwarding, capture.
+
+1. Admission: the team's budget reserves the worst-case cost, the deployment's lease its slot.
+2. Deployment choice: the alias's deployments (primary, then fallbacks), the session's own
+   deployment first (affinity), skipping those whose circuit breaker is open.
+3. Forwarding with failover: a connect error, 5xx or timeout before the first token counts
+   against that deployment's breaker and the request moves to the next one; after the first
+   token a failure ends the stream with an OpenAI-style error event (never a silent cut).
+4. Capture: the trace is durable before the response finishes; leases are renewed while a
+   stream runs and released (budget settled at real usage) when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import httpx
+from fastapi.responses import StreamingResponse
+
+from serve.admission import Admission, Admitted
+from serve.affinity import Affinity
+from serve.breaker import Breakers
+from serve.capture import Capture, RequestContext
+from serve.config import GatewayConfig, ModelRoute
+from serve.errors import APIError, model_not_found
+from serve.metrics import Metrics
+from serve.tools.definitions import Bounds, parse_tools
+from serve.tools.grammar import grammar_for
+from serve.tools.response import StreamTransformer, transform_message
+from serve.upstream import Rewrite, upstream_error
+from traces.writer import TraceWriter
+
+log = logging.getLogger(__name__)
+
+# operation -> the deployment endpoint that serves it (token-in/token-out runs as a completion
+# whose prompt is token ids)
+ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions",
+             "generate": "/v1/completions"}
+
+
+class _Retryable(Exception):
+    def __init__(self, error: APIError):
+        self.error = error
+
+
+class Forwarder:
+    def __init__(self, config: GatewayConfig, routes: dict[str, ModelRoute], writer: TraceWriter,
+                 admission: Admission, breakers: Breakers, affinity: Affinity, metrics: Metrics):
+        self.config, self.routes, self.writer = config, routes, writer
+        self.admission, self.breakers, self.affinity, self.metrics = admission, breakers, affinity, metrics
+        self.bounds = Bounds(config.tools.max_string_length, config.tools.max_array_items)
+        self.http: httpx.AsyncClient | None = None
+
+    async def durable(self, record: dict) -> None:
+        """Wait until the trace is fsync'd: a response is finished only after its record is.
+        A failing disk is logged, not turned into a failed request."""
+        try:
+            await self.writer.write_async(record)
+        except Exception:
+            log.exception("trace %s could not be made durable", record.get("trace_id"))
+
+    def candidates(self, route: ModelRoute, session: str | None) -> list[str]:
+        deps = [route.deployment] + [d for d in route.fallbacks if d != route.deployment]
+        healthy = {d for d in deps if self.breakers.state_of(d) != "open"}
+        return self.affinity.order(session, deps, healthy)
+
+    async def forward(self, operation: str, body: dict, ctx: RequestContext):
+        """Returns the client's view (a dict, or a StreamingResponse) and the headers to send."""
+        route = self.routes.get(body["model"])
+        if route is None:
+            raise model_not_found(body["model"])
+        tool_req = parse_tools(body, self.bounds) if operation == "chat" else None
+        if tool_req is not None and body.get("guided_grammar"):
+            raise APIError(400, "guided_grammar cannot be combined with tools", param="guided_grammar")
+        capture = Capture(ctx)
+        rewrite = Rewrite(body, operation, route.upstream_model,
+                          grammar_for(tool_req, self.config.tools.layout) if tool_req else None)
+        headers = {"X-Trace-ID": ctx.trace_id}
+        last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)",
+                              type="server_error")
+        for dep_name in self.candidates(route, ctx.session_id):
+            if not self.breakers.allow(dep_name):
+                continue
+            t_wait = time.monotonic()
+            try:
+                admitted = await self.admission.admit(dep_name, ctx.team, ctx.alias, body)
+            except APIError as err:
+                self.metrics.rejected(ctx.alias, ctx.team, err.status)
+                await self.durable(capture.record(err.status, err.message))
+                raise
+            self.metrics.admission_wait.observe(time.monotonic() - t_wait)
+            capture.mark_admitted()
+            ctx.deployment = dep_name
+            try:
+                result = await self._try(dep_name, operation, body, rewrite, capture, admitted, tool_req)
+            except _Retryable as retry:
+                self.admission.release(admitted, ctx.alias, None)
+                last_error = retry.error
+                log.warning("deployment %s failed before the first token (%s); trying the next",
+                            dep_name, retry.error.message)
+                continue
+            except BaseException:
+                self.admission.release(admitted, ctx.alias, None)
+                raise
+            return result, headers
+        await self.durable(capture.record(last_error.status, last_error.message))
+        self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
+        raise last_error
+
+    async def _try(self, dep_name: str, operation: str, body: dict, rewrite: Rewrite,
+                   capture: Capture, admitted: Admitted, tool_req):
+        dep = self.config.deployment(dep_name)
+        url = dep.url + ENDPOINTS[operation]
+        stream = bool(body.get("stream"))
+        t0 = time.monotonic()
+        try:
+            upstream = await asyncio.wait_for(
+                self.http.send(self.http.build_request("POST", url, json=rewrite.upstream_body), stream=stream),
+                timeout=self.config.first_token_timeout_s)
+        except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+            self.breakers.record(dep_name, False)
+            raise _Retryable(APIError(503, f"deployment {dep_name!r} is unreachable: {type(exc).__name__}",
+                                      type="server_error")) from None
+        if upstream.status_code != 200:
+            text = (await upstream.aread()).decode(errors="replace")
+            await upstream.aclose()
+            err = upstream_error(upstream.status_code, text)
+            if upstream.status_code >= 500:
+                self.breakers.record(dep_name, False)
+                raise _Retryable(err)
+            self.breakers.record(dep_name, True)  # the deployment is fine; the request was not
+            await self.durable(capture.record(err.status, err.message))
+            raise err
+        self.metrics.upstream_latency.labels(dep_name).observe(time.monotonic() - t0)
+        if not stream:
+            return await self._unary(dep_name, upstream, rewrite, capture, admitted, tool_req)
+        tools = StreamTransformer(tool_req) if tool_req is not None else None
+        return StreamingResponse(self._relay(dep_name, upstream, capture, rewrite, admitted, tools),
+                                 media_type="text/event-stream", headers={"X-Trace-ID": capture.ctx.trace_id})
+
+    async def _unary(self, dep_name, upstream, rewrite, capture, admitted, tool_req) -> dict:
+        ctx = capture.ctx
+        try:
+            data = json.loads(await upstream.aread())
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            self.breakers.record(dep_name, False)
+            raise _Retryable(APIError(502, f"deployment {dep_name!r} sent a broken response: {exc}",
+                                      type="server_error")) from None
+        finally:
+            await upstream.aclose()
+        self.breakers.record(dep_name, True)
+        capture.on_response(data)
+        try:
+            if tool_req is not None and data.get("choices"):
+                msg = transform_message(tool_req, data["choices"][0])["message"]
+                capture.set_output(msg.get("content"), msg.get("tool_calls") or [])
+        except APIError as err:
+            await self.durable(capture.record(err.status, err.message))
+            raise
+        await self.durable(capture.record(200))
+        self.admission.release(admitted, ctx.alias, data.get("usage"))
+        self.metrics.served(ctx.alias, ctx.team, data.get("usage"))
+        return rewrite.client_view(data, ctx.alias)
+
+    async def _relay(self, dep_name: str, upstream: httpx.Response, capture: Capture, rewrite: Rewrite,
+                     admitted: Admitted, tools: StreamTransformer | None):
+        ctx = capture.ctx
+        error: str | None = "client disconnected before the stream ended"
+        event, recorded = None, False
+        renewer = asyncio.create_task(self._renew(admitted))
+        try:
+            async for line in upstream.aiter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                    continue
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    if tools is not None:
+                        capture.set_output(*tools.output())
+                    error, recorded = None, True
+                    await self.durable(capture.record(200))  # the client's [DONE] means "stored"
+                    yield "data: [DONE]\n\n"
+                    break
+                obj = json.loads(data)
+                if event == "error" or "error" in obj:
+                    error = json.dumps(obj.get("error", obj))
+                    yield f"data: {json.dumps({'error': obj.get('error', obj)})}\n\n"
+                    break
+                capture.on_chunk(obj)
+                if tools is not None:
+                    try:
+                        obj = tools.chunk(obj)
+                    except APIError as err:
+                        error = err.message
+                        yield f"data: {json.dumps(err.body())}\n\n"
+                        break
+                view = rewrite.client_view(obj, ctx.alias)
+                if view is not None:
+                    yield f"data: {json.dumps(view)}\n\n"
+            else:
+                error = "the deployment ended the stream without [DONE]"
+                yield error_event(error)
+        except httpx.HTTPError as exc:
+            error = f"deployment {dep_name!r} failed mid-stream: {type(exc).__name__}: {exc}"
+            yield error_event(error)
+        finally:
+            renewer.cancel()
+            await upstream.aclose()
+            self.breakers.record(dep_name, error is None or "disconnected" in error or "tool call" in error)
+            if not recorded:
+                self.writer.submit(capture.record(200, error))
+            self.admission.release(admitted, ctx.alias, capture.usage or None)
+            if error is None:
+                self.metrics.served(ctx.alias, ctx.team, capture.usage)
+            else:
+                self.metrics.stream_errors.labels(ctx.alias).inc()
+
+    async def _renew(self, admitted: Admitted) -> None:
+        interval = self.config.admission.lease_ttl_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            self.admission.renew(admitted)
+
+
+def error_event(message: str) -> str:
+    return "data: " + json.dumps(APIError(502, message, type="server_error").body()) + "\n\n"

@@ -1,0 +1,156 @@
+"""Expiring reservations against a limit: the primitive behind leases and budgets.
+
+A reservation is ``(id, a, b)`` held until it expires unless renewed: for leases ``a`` is one
+request and ``b`` its tokens; for budgets ``a`` is tokens and ``b`` micro-dollars. Reserving
+checks, atomically, that the live reservations plus what was already spent plus the new one stay
+within the limits. In Redis this is one Lua script over a sorted set scored by expiry (Redis's
+clock, so replicas agree); a replica that dies stops renewing and its reservations lapse within
+the TTL. Without Redis the same logic runs in process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from serve.shared_state import SharedState, SharedStateDown
+
+_RESERVE = """
+local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local n, a, b = 0, 0, 0
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local x, y = string.match(m, ':([%d%.]+):([%d%.]+)$')
+  n = n + 1; a = a + tonumber(x); b = b + tonumber(y)
+end
+local sa = tonumber(redis.call('HGET', KEYS[2], 'a') or '0')
+local sb = tonumber(redis.call('HGET', KEYS[2], 'b') or '0')
+local lim_n, lim_a, lim_b = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+if (lim_n >= 0 and n + 1 > lim_n) or (lim_a >= 0 and sa + a + tonumber(ARGV[3]) > lim_a)
+   or (lim_b >= 0 and sb + b + tonumber(ARGV[4]) > lim_b) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+return 1
+"""
+_RENEW = """
+local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
+return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[2])
+"""
+_SETTLE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+if ARGV[2] ~= '0' then redis.call('HINCRBYFLOAT', KEYS[2], 'a', ARGV[2]) end
+if ARGV[3] ~= '0' then redis.call('HINCRBYFLOAT', KEYS[2], 'b', ARGV[3]) end
+return 1
+"""
+_TOTALS = """
+local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local n, a, b = 0, 0, 0
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local x, y = string.match(m, ':([%d%.]+):([%d%.]+)$')
+  n = n + 1; a = a + tonumber(x); b = b + tonumber(y)
+end
+return {n, tostring(a), tostring(b), redis.call('HGET', KEYS[2], 'a') or '0', redis.call('HGET', KEYS[2], 'b') or '0'}
+"""
+
+
+@dataclass
+class Reservation:
+    ledger: str
+    id: str
+    a: float
+    b: float
+    shared: bool  # made in Redis (True) or in this process (False)
+
+    @property
+    def member(self) -> str:
+        return f"{self.id}:{self.a:g}:{self.b:g}"
+
+
+@dataclass
+class Totals:
+    live: int
+    reserved_a: float
+    reserved_b: float
+    spent_a: float
+    spent_b: float
+
+
+class Ledger:
+    """Named ledgers (one per deployment, or per team) with limits ``(n, a, b)``; -1 = none."""
+
+    def __init__(self, state: SharedState, prefix: str, ttl_s: float):
+        self.state, self.prefix, self.ttl_s = state, prefix, ttl_s
+        self._local: dict[str, dict[str, tuple[float, float, float]]] = {}  # name -> id -> (exp, a, b)
+        self._local_spent: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def _keys(self, name: str) -> list[str]:
+        return [f"{self.prefix}:{name}:res", f"{self.prefix}:{name}:spent"]
+
+    def reserve(self, name: str, rid: str, a: float, b: float, limits: tuple[float, float, float]) -> Reservation | None:
+        res = Reservation(name, rid, a, b, shared=False)
+        if self.state.client() is not None:
+            try:
+                ok = self.state.run("reserve", _RESERVE, self._keys(name),
+                                    [self.ttl_s, res.member, a, b, *limits])
+                res.shared = True
+                return res if ok else None
+            except SharedStateDown:
+                pass
+        with self._lock:
+            live = self._purge(name)
+            spent = self._local_spent.setdefault(name, [0.0, 0.0])
+            n, ra, rb = len(live), sum(v[1] for v in live.values()), sum(v[2] for v in live.values())
+            lim_n, lim_a, lim_b = limits
+            if (lim_n >= 0 and n + 1 > lim_n) or (lim_a >= 0 and spent[0] + ra + a > lim_a) \
+                    or (lim_b >= 0 and spent[1] + rb + b > lim_b):
+                return None
+            live[rid] = (time.monotonic() + self.ttl_s, a, b)
+            return res
+
+    def renew(self, res: Reservation) -> None:
+        if res.shared:
+            try:
+                self.state.run("renew", _RENEW, self._keys(res.ledger), [self.ttl_s, res.member])
+            except SharedStateDown:
+                pass  # Redis is down: the reservation may lapse there; local admission carries on
+            return
+        with self._lock:
+            live = self._local.get(res.ledger, {})
+            if res.id in live:
+                live[res.id] = (time.monotonic() + self.ttl_s, res.a, res.b)
+
+    def settle(self, res: Reservation, spent_a: float = 0.0, spent_b: float = 0.0) -> None:
+        """Drop the reservation and record what was actually spent."""
+        if res.shared:
+            try:
+                self.state.run("settle", _SETTLE, self._keys(res.ledger), [res.member, spent_a, spent_b])
+                return
+            except SharedStateDown:
+                pass  # it lapses by TTL; count the spend locally so this replica still honours it
+        with self._lock:
+            self._local.get(res.ledger, {}).pop(res.id, None)
+            spent = self._local_spent.setdefault(res.ledger, [0.0, 0.0])
+            spent[0] += spent_a
+            spent[1] += spent_b
+
+    def totals(self, name: str) -> Totals:
+        if self.state.client() is not None:
+            try:
+                n, ra, rb, sa, sb = self.state.run("totals", _TOTALS, self._keys(name), [])
+                return Totals(int(n), float(ra), float(rb), float(sa), float(sb))
+            except SharedStateDown:
+                pass
+        with self._lock:
+            live = self._purge(name)
+            spent = self._local_spent.get(name, [0.0, 0.0])
+            return Totals(len(live), sum(v[1] for v in live.values()), sum(v[2] for v in live.values()),
+                          spent[0], spent[1])
+
+    def _purge(self, name: str) -> dict:
+        now = time.monotonic()
+        live = self._local.setdefault(name, {})
+        for rid in [r for r, v in live.items() if v[0] <= now]:
+            del live[rid]
+        return live

@@ -1,0 +1,33 @@
+"""Prometheus metrics for one gateway replica (``GET /metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("flywheel_requests", "requests answered", ["model", "team", "status"], registry=r)
+        self.stream_errors = Counter("flywheel_stream_errors", "streams ended by an error event", ["model"], registry=r)
+        self.tokens = Counter("flywheel_tokens", "tokens served", ["team", "kind"], registry=r)
+        self.admission_wait = Histogram("flywheel_admission_wait_seconds", "time waiting for a lease",
+                                        buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10), registry=r)
+        self.upstream_latency = Histogram("flywheel_upstream_first_byte_seconds",
+                                          "time to the deployment's response headers", ["deployment"],
+                                          buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30), registry=r)
+        self.leases = Gauge("flywheel_leases_held", "leases held on a deployment (all replicas)",
+                            ["deployment"], registry=r)
+        self.breaker = Gauge("flywheel_breaker_state", "0 closed, 1 half-open, 2 open", ["deployment"], registry=r)
+
+    def served(self, model: str, team: str, usage: dict | None) -> None:
+        self.requests.labels(model, team, "200").inc()
+        if usage:
+            self.tokens.labels(team, "input").inc(usage.get("prompt_tokens") or 0)
+            self.tokens.labels(team, "output").inc(usage.get("completion_tokens") or 0)
+
+    def rejected(self, model: str, team: str, status: int) -> None:
+        self.requests.labels(model, team, str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

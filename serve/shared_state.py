@@ -1,0 +1,60 @@
+"""Where gateway replicas keep shared state: a real Redis, with a local fallback.
+
+Every shared structure (leases, budgets, breakers, session affinity) goes through
+:class:`SharedState`. While Redis answers, all replicas see one state; when it does not, each
+replica carries on with its own in-process state (so the gateway keeps serving), retries Redis
+every few seconds, and goes back to the shared state when it is reachable again. A single
+replica needs no Redis at all (``redis_url = None``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+
+class SharedState:
+    def __init__(self, redis_url: str | None, retry_s: float = 2.0, timeout_s: float = 0.25):
+        self.redis_url, self.retry_s = redis_url, retry_s
+        self._redis = None
+        self._down_until = 0.0
+        if redis_url:
+            import redis
+            self._redis = redis.Redis.from_url(redis_url, socket_timeout=timeout_s,
+                                               socket_connect_timeout=timeout_s, decode_responses=True)
+        self._scripts: dict[str, object] = {}
+
+    @property
+    def shared(self) -> bool:
+        return self._redis is not None and time.monotonic() >= self._down_until
+
+    def client(self):
+        """The Redis client, or None while it is unreachable (or not configured)."""
+        return self._redis if self.shared else None
+
+    def failed(self, exc: Exception) -> None:
+        """Note that Redis failed; use local state until the retry time."""
+        if time.monotonic() >= self._down_until:
+            log.warning("shared state unreachable (%s); using local state for %.0f s", exc, self.retry_s)
+        self._down_until = time.monotonic() + self.retry_s
+
+    def script(self, name: str, source: str):
+        """A registered Lua script (atomic on the Redis side)."""
+        if name not in self._scripts:
+            self._scripts[name] = self._redis.register_script(source)
+        return self._scripts[name]
+
+    def run(self, name: str, source: str, keys: list[str], args: list):
+        """Run a Lua script; raises ConnectionError-like errors to the caller (who falls back)."""
+        import redis
+        try:
+            return self.script(name, source)(keys=keys, args=args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.failed(exc)
+            raise SharedStateDown(str(exc)) from exc
+
+
+class SharedStateDown(RuntimeError):
+    pass

@@ -1,0 +1,137 @@
+"""Leases, budgets, breakers and affinity: shared through a real Redis, local without it."""
+
+import asyncio
+import time
+
+import pytest
+
+from serve.admission import Admission
+from serve.affinity import Affinity
+from serve.breaker import Breakers
+from serve.config import Budget, BreakerConfig, Capacity, GatewayConfig, Price
+from serve.errors import APIError
+from serve.shared_state import SharedState
+
+
+def config(**kw) -> GatewayConfig:
+    base = dict(capacity={"d1": Capacity(max_requests=2, max_tokens=10_000)},
+                admission={"lease_ttl_s": 1.0, "queue_limit": 4, "max_queue_wait_s": 0.3},
+                budgets={"red": Budget(tokens=1000)}, prices={"tiny": Price(input_per_mtok=1, output_per_mtok=2)})
+    return GatewayConfig(**{**base, **kw})
+
+
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+
+
+@pytest.fixture(params=["local", "redis"])
+def state(request, tmp_path):
+    if request.param == "local":
+        yield SharedState(None)
+        return
+    from tests.conftest import RedisServer
+    server = RedisServer(tmp_path).start()
+    yield SharedState(server.url)
+    server.stop()
+
+
+def test_a_full_deployment_queues_then_answers_429_with_retry_after(state):
+    adm = Admission(config(), state)
+
+    async def go():
+        a = await adm.admit("d1", "blue", "tiny", BODY)
+        b = await adm.admit("d1", "blue", "tiny", BODY)
+        with pytest.raises(APIError) as exc:
+            await adm.admit("d1", "blue", "tiny", BODY)
+        assert exc.value.status == 429 and exc.value.headers["Retry-After"] == "1"
+        # a slot freed while waiting is taken by the queued request
+        waiter = asyncio.create_task(adm.admit("d1", "blue", "tiny", BODY))
+        await asyncio.sleep(0.05)
+        adm.release(a, "tiny", None)
+        assert (await waiter).lease is not None
+        adm.release(b, "tiny", None)
+    asyncio.run(go())
+
+
+def test_unrenewed_leases_lapse_within_the_ttl(state):
+    adm = Admission(config(), state)
+
+    async def go():
+        await adm.admit("d1", "blue", "tiny", BODY)   # held by a "replica" that then dies
+        await adm.admit("d1", "blue", "tiny", BODY)
+        assert adm.leases_held("d1")[0] == 2
+        await asyncio.sleep(1.1)
+        assert adm.leases_held("d1")[0] == 0
+        await adm.admit("d1", "blue", "tiny", BODY)
+    asyncio.run(go())
+
+
+def test_concurrent_requests_never_overspend_a_budget(state):
+    adm = Admission(config(capacity={}), state)
+    body = {**BODY, "max_tokens": 200}
+
+    async def one():
+        try:
+            a = await adm.admit("d1", "red", "tiny", body)
+        except APIError as err:
+            assert err.status == 429 and err.code == "insufficient_quota"
+            return 0
+        await asyncio.sleep(0.01)
+        adm.release(a, "tiny", {"prompt_tokens": 20, "completion_tokens": 200})
+        return 220
+
+    async def go():
+        return await asyncio.gather(*(one() for _ in range(50)))
+    spent = sum(asyncio.run(go()))
+    usage = adm.usage("red")
+    assert usage["spent_tokens"] == spent <= 1000 and spent > 0
+    assert usage["spent_usd"] == pytest.approx(spent / 220 * (20 * 1 + 200 * 2) / 1e6)
+
+
+def test_breaker_opens_on_errors_and_a_probe_closes_it(state):
+    br = Breakers(state, BreakerConfig(window_s=5, min_requests=3, error_rate=0.5, open_s=0.3))
+    for ok in (True, False, False):
+        br.record("d1", ok)
+    assert br.state_of("d1") == "open" and not br.allow("d1")
+    time.sleep(0.35)
+    assert br.allow("d1") and br.state_of("d1") == "half_open"
+    assert not br.allow("d1")  # one probe at a time
+    br.record("d1", True)
+    assert br.state_of("d1") == "closed" and br.allow("d1")
+
+
+def test_a_session_sticks_to_one_deployment_until_it_is_unhealthy(state):
+    aff = Affinity(state)
+    deps = ["d1", "d2", "d3"]
+    first = aff.order("sess-1", deps, set(deps))[0]
+    assert all(aff.order("sess-1", deps, set(deps))[0] == first for _ in range(5))
+    moved = aff.order("sess-1", deps, set(deps) - {first})[0]
+    assert moved != first
+    assert aff.order("sess-1", deps, set(deps))[0] == moved  # stays where it moved
+
+
+def test_two_replicas_share_state_through_redis(redis_server):
+    a, b = SharedState(redis_server.url), SharedState(redis_server.url)
+    assert Affinity(a).order("s", ["x", "y"], {"x", "y"})[0] == Affinity(b).order("s", ["x", "y"], {"x", "y"})[0]
+    ba, bb = Breakers(a, BreakerConfig(min_requests=2, error_rate=0.5)), Breakers(b, BreakerConfig())
+    ba.record("d", False)
+    ba.record("d", False)
+    assert bb.state_of("d") == "open"  # replica b sees what replica a saw
+
+
+def test_without_redis_the_gateway_keeps_admitting_locally(redis_server):
+    st = SharedState(redis_server.url, retry_s=0.2)
+    adm = Admission(config(), st)
+
+    async def go():
+        a = await adm.admit("d1", "blue", "tiny", BODY)
+        assert a.lease.shared
+        redis_server.stop()
+        b = await adm.admit("d1", "blue", "tiny", BODY)
+        assert not b.lease.shared
+        adm.release(a, "tiny", None)
+        adm.release(b, "tiny", None)
+        redis_server.start()
+        await asyncio.sleep(0.25)
+        c = await adm.admit("d1", "blue", "tiny", BODY)
+        assert c.lease.shared  # back on shared state
+    asyncio.run(go())
