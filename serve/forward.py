@@ -88,12 +88,16 @@ class Forwarder:
             try:
                 admitted = await self.admission.admit(dep_name, ctx.team, ctx.alias, body)
             except APIError as err:
+                if err.code == "capacity_exceeded":  # full: the next deployment may have room
+                    last_error = err
+                    continue
                 self.metrics.rejected(ctx.alias, ctx.team, err.status)
                 await self.durable(capture.record(err.status, err.message))
                 raise
             self.metrics.admission_wait.observe(time.monotonic() - t_wait)
             capture.mark_admitted()
             ctx.deployment = dep_name
+            headers["X-Deployment"] = dep_name
             try:
                 result = await self._try(dep_name, operation, body, rewrite, capture, admitted, tool_req)
             except _Retryable as retry:
@@ -139,7 +143,8 @@ class Forwarder:
             return await self._unary(dep_name, upstream, rewrite, capture, admitted, tool_req)
         tools = StreamTransformer(tool_req) if tool_req is not None else None
         return StreamingResponse(self._relay(dep_name, upstream, capture, rewrite, admitted, tools),
-                                 media_type="text/event-stream", headers={"X-Trace-ID": capture.ctx.trace_id})
+                                 media_type="text/event-stream",
+                                 headers={"X-Trace-ID": capture.ctx.trace_id, "X-Deployment": dep_name})
 
     async def _unary(self, dep_name, upstream, rewrite, capture, admitted, tool_req) -> dict:
         ctx = capture.ctx

@@ -134,6 +134,9 @@ class TraceWriter:
 
     def _convert(self, segment: Path) -> int:
         fields, rows = read_rows(segment)
+        if not rows:
+            segment.unlink()
+            return 0
         tid, ts, model = (fields.index(f) for f in ("trace_id", "time_received", "gen_ai_request_model"))
         by_id = {r[tid]: r for r in rows}  # a replayed id keeps its last copy
         groups: dict[tuple[str, str], list[list]] = {}
@@ -157,7 +160,9 @@ class TraceWriter:
 def read_rows(segment: Path) -> tuple[list[str], list[list]]:
     """A writer segment's field order (from its header frame) and its intact rows."""
     frames, _ = read_segment(segment)
-    if not frames or not isinstance(frames[0], dict) or "fields" not in frames[0]:
+    if not frames:  # opened, then the process died before anything was written: empty
+        return [], []
+    if not isinstance(frames[0], dict) or "fields" not in frames[0]:
         raise ValueError(f"{segment} has no header frame; not a trace writer segment")
     return frames[0]["fields"], frames[1:]
 

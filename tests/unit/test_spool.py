@@ -40,3 +40,12 @@ def test_replaying_a_segment_twice_stores_each_trace_once(tmp_path):
     assert store.sql("SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces").to_pylist() == \
         [{"n": 20, "d": 20}]
     assert not list(spool_dir(tmp_path, "gw").glob("seg-*.spool"))
+
+
+def test_a_segment_left_empty_by_a_crash_is_replayed_as_nothing(tmp_path):
+    seg_dir = spool_dir(tmp_path, "gw")
+    seg_dir.mkdir(parents=True)
+    (seg_dir / "seg-000000000007.spool").write_bytes(b"")  # killed right after opening it
+    writer = TraceWriter(tmp_path, "gw")
+    assert writer.replayed == 0 and not (seg_dir / "seg-000000000007.spool").exists()
+    writer.close()
