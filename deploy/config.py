@@ -43,6 +43,11 @@ class WorkerConfig(BaseModel):
     max_loras: int = 2
 
 
+class RedisConfig(BaseModel):
+    enabled: bool = Field(False, description="start a redis-server for the gateway's shared state")
+    port: int = 6390
+
+
 class StackConfig(BaseModel):
     profile: str = "local"
     home: str = Field(".flywheel", description="run dir, models and traces live under here")
@@ -51,6 +56,7 @@ class StackConfig(BaseModel):
     frontend: FrontendConfig = FrontendConfig()
     worker: WorkerConfig = WorkerConfig()
     gateway: GatewayConfig = GatewayConfig()
+    redis: RedisConfig = RedisConfig()
     start_timeout_s: float = 300.0
 
     @property
@@ -82,6 +88,8 @@ class StackConfig(BaseModel):
         gw.traces_dir = str(self.traces_path)
         if gw.admin_key is None:
             gw.admin_key = self.admin_key()
+        if self.redis.enabled and gw.redis_url is None:
+            gw.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
         if gw.keys_file is None:
             gw.keys_file = str(self.home_path / "keys.json")
         if not gw.deployments:

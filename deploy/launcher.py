@@ -8,6 +8,7 @@ and shows that process's log tail.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 
@@ -49,7 +50,12 @@ def _worker_ready(cfg: StackConfig):
 def components(cfg: StackConfig) -> list[Component]:
     py, w = sys.executable, cfg.worker
     env = dynamo_env(cfg)
-    comps = [Component(
+    comps = []
+    if cfg.redis.enabled:
+        comps.append(Component(name="redis", ports=[cfg.redis.port], argv=[
+            shutil.which("redis-server") or "redis-server", "--port", str(cfg.redis.port),
+            "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(cfg.run_dir)]))
+    comps += [Component(
         name="frontend",
         argv=[py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
               "--http-port", str(cfg.frontend.port), "--router-mode", cfg.frontend.router_mode,

