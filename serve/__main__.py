@@ -18,6 +18,7 @@ def main() -> None:
     args = parser.parse_args()
     config = GatewayConfig.model_validate_json(Path(args.config).read_text())
     logging.basicConfig(level=logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning",
                 access_log=False)
 
