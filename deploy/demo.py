@@ -119,8 +119,7 @@ def run_demo(cfg: StackConfig, keep_up: bool = False, turns: int = 1, seed: int 
     history, versions, parent = [], [], BASE
     try:
         with step("0. start from the base model; baseline eval"):
-            swap.point(alias, BASE)
-            registry.promote(alias, BASE)
+            swap.reset(alias)
             history.append(evaluate("baseline"))
         for turn in range(1, turns + 1):
             env = f"reverse-rollouts-{run_id}-t{turn}"

@@ -52,6 +52,11 @@ class HotSwap:
             "deployment": self.deployment, "upstream_model": self.upstream_name(alias, version),
             "checkpoint_version": version}, method="PUT")
 
+    def reset(self, alias: str) -> None:
+        """Serve the base model under ``alias`` and record that as the new starting point."""
+        self.point(alias, BASE)
+        self.registry.promote(alias, BASE)
+
     def deploy(self, alias: str, version: str) -> None:
         """Load, then move the alias, then record the promotion."""
         self.load(alias, version)

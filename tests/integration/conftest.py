@@ -50,3 +50,13 @@ def sim_stack(tmp_path_factory):
         yield cfg
     finally:
         down(cfg)
+
+
+@pytest.fixture
+def base_alias(stack):
+    """Tests that need the base model under `tiny` (earlier tests may have swapped it)."""
+    from feedback.hotswap import HotSwap
+    from feedback.registry import Registry
+    gw = stack.resolved_gateway()
+    HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, Registry(stack.home_path / "checkpoints.json"),
+            gw.deployments[0].name, "tiny").reset("tiny")

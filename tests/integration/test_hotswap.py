@@ -37,7 +37,7 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
     url = f"http://{gw.host}:{gw.port}"
     registry = Registry(stack.home_path / "checkpoints.json")
     swap = HotSwap(url, gw.admin_key, registry, gw.deployments[0].name, "tiny")
-    swap.point("tiny", BASE)
+    swap.reset("tiny")
     # An adapter that changes the model a lot: learn to answer with one fixed sequence.
     rows = [{"prompt_token_ids": list(range(10, 40)), "completion_token_ids": [500, 501, 502, 503]}] * 8
     ckpt = train_lora(stack.model_path, rows, tmp_path / "lora", TrainConfig(steps=30, lr=1e-2))

@@ -12,7 +12,7 @@ import pytest
 from serve.tools.definitions import parse_tools
 from serve.tools.glm_parser import ToolCallParseError, parse
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("base_alias")]
 
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa"]
 
