@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from serve.shared_state import SharedState, SharedStateDown
 
-_RESERVE = """
+# Shared prologue: Redis's clock, lapsed reservations dropped, live ones summed (n, a, b).
+_LIVE = """
 local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local n, a, b = 0, 0, 0
@@ -24,6 +25,8 @@ for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local x, y = string.match(m, ':([%d%.]+):([%d%.]+)$')
   n = n + 1; a = a + tonumber(x); b = b + tonumber(y)
 end
+"""
+_RESERVE = _LIVE + """
 local sa = tonumber(redis.call('HGET', KEYS[2], 'a') or '0')
 local sb = tonumber(redis.call('HGET', KEYS[2], 'b') or '0')
 local lim_n, lim_a, lim_b = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -42,14 +45,7 @@ if ARGV[2] ~= '0' then redis.call('HINCRBYFLOAT', KEYS[2], 'a', ARGV[2]) end
 if ARGV[3] ~= '0' then redis.call('HINCRBYFLOAT', KEYS[2], 'b', ARGV[3]) end
 return 1
 """
-_TOTALS = """
-local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local n, a, b = 0, 0, 0
-for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local x, y = string.match(m, ':([%d%.]+):([%d%.]+)$')
-  n = n + 1; a = a + tonumber(x); b = b + tonumber(y)
-end
+_TOTALS = _LIVE + """
 return {n, tostring(a), tostring(b), redis.call('HGET', KEYS[2], 'a') or '0', redis.call('HGET', KEYS[2], 'b') or '0'}
 """
 
