@@ -1,6 +1,8 @@
 """`local-pd` (prefill and decode on two vLLM-CPU workers, KV over NIXL) gives the same greedy
 tokens as the aggregated `local` stack."""
 
+import time
+
 import httpx
 import pytest
 
@@ -13,11 +15,20 @@ PROMPTS = ["hello there", "def fibonacci(n):\n    return 12345", "Reverse the wo
            "a much longer prompt " * 40]
 
 
-def greedy(frontend_url: str, prompt: str) -> tuple[list[int], dict]:
-    r = httpx.post(f"{frontend_url}/v1/chat/completions", timeout=120, json={
-        "model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
-        "temperature": 0, "nvext": {"extra_fields": ["completion_token_ids", "worker_id"]}}).json()
-    return r["nvext"]["completion_token_ids"], r["nvext"]["worker_id"]
+def greedy(frontend_url: str, prompt: str, wait_s: float = 0.0) -> tuple[list[int], dict]:
+    """Greedy completion ids and the workers that served them. ``wait_s``: keep retrying while the
+    deployment is still wiring prefill to decode (it answers 5xx until both are registered)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        r = httpx.post(f"{frontend_url}/v1/chat/completions", timeout=120, json={
+            "model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
+            "temperature": 0, "nvext": {"extra_fields": ["completion_token_ids", "worker_id"]}})
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["nvext"]["completion_token_ids"], body["nvext"]["worker_id"]
 
 
 def test_disaggregated_prefill_decode_matches_aggregated_greedy_tokens(stack, tmp_path):
@@ -27,6 +38,7 @@ def test_disaggregated_prefill_decode_matches_aggregated_greedy_tokens(stack, tm
                                   f"model_dir={stack.model_path}"], environ={})
     up(pd)
     try:
+        greedy(pd.frontend_url, "warm up", wait_s=90)
         results = [greedy(pd.frontend_url, p) for p in PROMPTS]
     finally:
         down(pd)
