@@ -1,7 +1,6 @@
 """Two gateway replicas, a real Redis and two deployments (Dynamo frontend + mocker each):
 failover, leases, budgets, Redis outages and session affinity, with real processes."""
 
-import json
 import os
 import signal
 import sys
@@ -13,7 +12,7 @@ import httpx
 import pytest
 
 from deploy.config import load_config
-from deploy.launcher import components, down, up
+from deploy.launcher import components
 from deploy.processes import Component, ProcessManager
 from serve.config import Budget, Capacity, Deployment, GatewayConfig, ModelRoute
 from serve.keys import KeyStore
