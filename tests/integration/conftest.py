@@ -5,6 +5,12 @@ import time
 
 import pytest
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked runs_last start heavy extra stacks: run them after everything that shares
+    the session stack (on 2 cores their start-up can starve it)."""
+    items.sort(key=lambda item: item.get_closest_marker("runs_last") is not None)
+
 from deploy.config import load_config
 from deploy.launcher import down, up
 
