@@ -22,7 +22,7 @@ from serve.auth import Caller, authenticate
 from serve.breaker import STATE_CODES, Breakers
 from serve.capture import RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute
-from serve.errors import APIError, install_error_handlers
+from serve.errors import APIError, install_error_handlers, invalid_request
 from serve.forward import Forwarder
 from serve.keys import KeyStore
 from serve.metrics import Metrics
@@ -106,7 +106,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         try:
             req = GenerateRequest.model_validate(await _json_body(request))
         except ValidationError as exc:
-            raise _invalid(exc) from None
+            raise invalid_request(exc.errors()) from None
         body = req.completion_body()
         data, headers = await forwarder.forward("generate", body, _context(request, "generate", body, caller))
         return JSONResponse(generate_response(data), headers=headers)
@@ -135,7 +135,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         try:
             REQUEST_MODELS[operation].model_validate(body)
         except ValidationError as exc:
-            raise _invalid(exc) from None
+            raise invalid_request(exc.errors()) from None
         result, headers = await forwarder.forward(operation, body, _context(request, operation, body, caller))
         if isinstance(result, StreamingResponse):
             return result
@@ -153,14 +153,6 @@ async def _json_body(request: Request) -> Any:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.")
     return body
-
-
-def _invalid(exc: ValidationError) -> APIError:
-    first = exc.errors()[0]
-    param = ".".join(str(p) for p in first.get("loc", ())) or None
-    if first.get("type") == "missing":
-        return APIError(400, f"Missing required parameter: '{param}'.", param=param)
-    return APIError(400, f"Invalid value for '{param}': {first.get('msg')}", param=param)
 
 
 def _context(request: Request, operation: str, body: dict, caller: Caller) -> RequestContext:

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, ValidationError
 
 from serve.config import Deployment, GatewayConfig, ModelRoute
-from serve.errors import APIError
+from serve.errors import APIError, invalid_request
 
 
 class LoadLora(BaseModel):
@@ -39,9 +39,7 @@ async def _parse(request: Request, model: type[BaseModel]):
     try:
         return model.model_validate_json(await request.body())
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ())) or None
-        raise APIError(400, f"invalid request: {first.get('msg')}", param=param) from None
+        raise invalid_request(exc.errors()) from None
 
 
 async def _on_workers(http: httpx.AsyncClient, dep: Deployment, method: str, path: str,

@@ -32,13 +32,13 @@ def model_not_found(model: str) -> APIError:
                     param="model", code="model_not_found")
 
 
-def _validation_error(exc: RequestValidationError) -> APIError:
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+def invalid_request(errors: list[dict]) -> APIError:
+    """A 400 naming the first problem pydantic found (in a request body or a model)."""
+    first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return APIError(400, "We could not parse the JSON body of your request. "
                              f"({first.get('ctx', {}).get('error', 'invalid JSON')})")
-    param = ".".join(loc) or None
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
     msg = first.get("msg", "invalid request")
     if first.get("type") == "missing":
         msg = f"Missing required parameter: '{param}'."
@@ -54,7 +54,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError):
-        return _validation_error(exc).response()
+        return invalid_request(exc.errors()).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from serve.errors import APIError
+from serve.errors import invalid_request
 from traces.feedback import write_feedback
 
 MAX_BATCH = 10_000
@@ -53,9 +53,7 @@ def router(traces_dir: str, authenticate) -> APIRouter:
                     raise batch_error
                 items = [FeedbackItem.model_validate_json(raw)]
         except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first.get("loc", ())) or None
-            raise APIError(400, f"invalid feedback: {first.get('msg')}", param=param) from None
+            raise invalid_request(exc.errors()) from None
         rows = [{**i.model_dump(), "team": caller.team, "api_key_id": caller.key_id} for i in items]
         ids = await run_in_threadpool(write_feedback, traces_dir, rows)
         return {"object": "list", "data": [{"id": fid, "trace_id": i.trace_id}
