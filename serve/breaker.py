@@ -15,7 +15,7 @@ import time
 import uuid
 
 from serve.config import BreakerConfig
-from serve.shared_state import SharedState, SharedStateDown
+from serve.shared_state import LOCAL, SharedState
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 STATE_CODES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}
@@ -76,11 +76,9 @@ class Breakers:
         return [f"fw:breaker:{dep}", f"fw:breaker:{dep}:events"]
 
     def allow(self, dep: str) -> bool:
-        if self.state.client() is not None:
-            try:
-                return bool(self.state.run("allow", _ALLOW, self._keys(dep), [self.cfg.open_s, self.cfg.probe_timeout_s]))
-            except SharedStateDown:
-                pass
+        shared = self.state.run("allow", _ALLOW, self._keys(dep), [self.cfg.open_s, self.cfg.probe_timeout_s])
+        if shared is not LOCAL:
+            return bool(shared)
         with self._lock:
             b = self._local.setdefault(dep, {"state": CLOSED, "events": []})
             now = time.monotonic()
@@ -98,13 +96,11 @@ class Breakers:
 
     def record(self, dep: str, ok: bool) -> str:
         """Count one outcome; returns the breaker state after it."""
-        if self.state.client() is not None:
-            try:
-                return self.state.run("record", _RECORD, self._keys(dep),
-                                      ["1" if ok else "0", self.cfg.window_s, self.cfg.min_requests,
-                                       self.cfg.error_rate, uuid.uuid4().hex[:12]])
-            except SharedStateDown:
-                pass
+        shared = self.state.run("record", _RECORD, self._keys(dep),
+                                ["1" if ok else "0", self.cfg.window_s, self.cfg.min_requests,
+                                 self.cfg.error_rate, uuid.uuid4().hex[:12]])
+        if shared is not LOCAL:
+            return shared
         with self._lock:
             b = self._local.setdefault(dep, {"state": CLOSED, "events": []})
             now = time.monotonic()

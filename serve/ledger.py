@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from serve.shared_state import SharedState, SharedStateDown
+from serve.shared_state import LOCAL, SharedState
 
 # Shared prologue: Redis's clock, lapsed reservations dropped, live ones summed (n, a, b).
 _LIVE = """
@@ -86,14 +86,10 @@ class Ledger:
 
     def reserve(self, name: str, rid: str, a: float, b: float, limits: tuple[float, float, float]) -> Reservation | None:
         res = Reservation(name, rid, a, b, shared=False)
-        if self.state.client() is not None:
-            try:
-                ok = self.state.run("reserve", _RESERVE, self._keys(name),
-                                    [self.ttl_s, res.member, a, b, *limits])
-                res.shared = True
-                return res if ok else None
-            except SharedStateDown:
-                pass
+        ok = self.state.run("reserve", _RESERVE, self._keys(name), [self.ttl_s, res.member, a, b, *limits])
+        if ok is not LOCAL:
+            res.shared = True
+            return res if ok else None
         with self._lock:
             live = self._purge(name)
             spent = self._local_spent.setdefault(name, [0.0, 0.0])
@@ -107,10 +103,8 @@ class Ledger:
 
     def renew(self, res: Reservation) -> None:
         if res.shared:
-            try:
-                self.state.run("renew", _RENEW, self._keys(res.ledger), [self.ttl_s, res.member])
-            except SharedStateDown:
-                pass  # Redis is down: the reservation may lapse there; local admission carries on
+            # if Redis is down the reservation may lapse there; local admission carries on
+            self.state.run("renew", _RENEW, self._keys(res.ledger), [self.ttl_s, res.member])
             return
         with self._lock:
             live = self._local.get(res.ledger, {})
@@ -119,12 +113,11 @@ class Ledger:
 
     def settle(self, res: Reservation, spent_a: float = 0.0, spent_b: float = 0.0) -> None:
         """Drop the reservation and record what was actually spent."""
-        if res.shared:
-            try:
-                self.state.run("settle", _SETTLE, self._keys(res.ledger), [res.member, spent_a, spent_b])
-                return
-            except SharedStateDown:
-                pass  # it lapses by TTL; count the spend locally so this replica still honours it
+        if res.shared and self.state.run("settle", _SETTLE, self._keys(res.ledger),
+                                         [res.member, spent_a, spent_b]) is not LOCAL:
+            return
+        # local, or Redis is down: a shared reservation lapses by TTL; the spend is counted here
+        # so this replica still honours it
         with self._lock:
             self._local.get(res.ledger, {}).pop(res.id, None)
             spent = self._local_spent.setdefault(res.ledger, [0.0, 0.0])
@@ -132,12 +125,10 @@ class Ledger:
             spent[1] += spent_b
 
     def totals(self, name: str) -> Totals:
-        if self.state.client() is not None:
-            try:
-                n, ra, rb, sa, sb = self.state.run("totals", _TOTALS, self._keys(name), [])
-                return Totals(int(n), float(ra), float(rb), float(sa), float(sb))
-            except SharedStateDown:
-                pass
+        shared = self.state.run("totals", _TOTALS, self._keys(name), [])
+        if shared is not LOCAL:
+            n, ra, rb, sa, sb = shared
+            return Totals(int(n), float(ra), float(rb), float(sa), float(sb))
         with self._lock:
             live = self._purge(name)
             spent = self._local_spent.get(name, [0.0, 0.0])

@@ -47,14 +47,16 @@ class SharedState:
         return self._scripts[name]
 
     def run(self, name: str, source: str, keys: list[str], args: list):
-        """Run a Lua script; raises ConnectionError-like errors to the caller (who falls back)."""
+        """Run a Lua script (atomic in Redis). Returns :data:`LOCAL` when there is no shared state
+        right now (not configured, known down, or failing now): the caller uses its local state."""
+        if self.client() is None:
+            return LOCAL
         import redis
         try:
             return self.script(name, source)(keys=keys, args=args)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.failed(exc)
-            raise SharedStateDown(str(exc)) from exc
+            return LOCAL
 
 
-class SharedStateDown(RuntimeError):
-    pass
+LOCAL = object()  # what SharedState.run answers when the caller must fall back to local state
