@@ -98,6 +98,17 @@ def _typed_value(raw: str, schema: Any, root: dict) -> Any:
     return text
 
 
+def _element(text: str, open_tag: str, close_tag: str, missing: str, unclosed: str) -> tuple[str, str]:
+    """``open_tag INNER close_tag`` at the start of ``text`` (after whitespace): (INNER, rest)."""
+    text = text.lstrip()
+    if not text.startswith(open_tag):
+        raise ToolCallParseError(missing)
+    inner, found, rest = text[len(open_tag):].partition(close_tag)
+    if not found:
+        raise ToolCallParseError(unclosed)
+    return inner, rest
+
+
 def parse_call(block: str, req: ToolRequest | None) -> ToolCall:
     """One ``<tool_call>...</tool_call>`` body (without the outer tags)."""
     head, sep, rest = block.partition(KEY_OPEN)
@@ -110,19 +121,12 @@ def parse_call(block: str, req: ToolRequest | None) -> ToolCall:
     args: dict[str, Any] = {}
     rest = sep + rest
     while rest.strip():
-        rest = rest.lstrip()
-        if not rest.startswith(KEY_OPEN):
-            raise ToolCallParseError(f"unexpected text in the arguments of {name!r}: {rest[:60]!r}")
-        key, found, rest = rest[len(KEY_OPEN):].partition(KEY_CLOSE)
-        if not found:
-            raise ToolCallParseError(f"<arg_key> without </arg_key> in {name!r}")
+        key, rest = _element(rest, KEY_OPEN, KEY_CLOSE,
+                             f"unexpected text in the arguments of {name!r}: {rest.lstrip()[:60]!r}",
+                             f"<arg_key> without </arg_key> in {name!r}")
         key = key.strip()
-        rest = rest.lstrip()
-        if not rest.startswith(VAL_OPEN):
-            raise ToolCallParseError(f"argument {key!r} of {name!r} has no <arg_value>")
-        value, found, rest = rest[len(VAL_OPEN):].partition(VAL_CLOSE)
-        if not found:
-            raise ToolCallParseError(f"<arg_value> of {key!r} in {name!r} is not closed")
+        value, rest = _element(rest, VAL_OPEN, VAL_CLOSE, f"argument {key!r} of {name!r} has no <arg_value>",
+                               f"<arg_value> of {key!r} in {name!r} is not closed")
         if key in args:
             raise ToolCallParseError(f"argument {key!r} of {name!r} given twice")
         args[key] = _typed_value(value, props.get(key, {}), root)
