@@ -174,6 +174,3 @@ def export(store: TraceStore, kind: Kind, out_dir: str | Path, sql: str = DEFAUL
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 
-
-def export_sft(store: TraceStore, out_dir: str | Path, sql: str = DEFAULT_SQL) -> dict:
-    return export(store, "sft", out_dir, sql)
