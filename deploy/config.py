@@ -24,6 +24,12 @@ PROFILES_DIR = Path(__file__).with_name("profiles")
 class FrontendConfig(BaseModel):
     port: int = 8100
     router_mode: Literal["kv", "round-robin", "random"] = "kv"
+    overlap_score_credit: float | None = Field(
+        None, description="kv router: weight of cached prefix blocks against queued work (Dynamo's "
+                          "default 1.0); higher keeps sessions on their cache under load")
+    session_affinity_ttl_s: int | None = Field(
+        None, description="kv router only: keep a session (x-dynamo-session-id, which the gateway sets "
+                          "from X-Session-ID) on one worker while it is idle for less than this")
 
 
 class WorkerConfig(BaseModel):
@@ -31,8 +37,13 @@ class WorkerConfig(BaseModel):
         "vllm", description="vllm: real vLLM-CPU; mocker: Dynamo's GPU-free engine simulator "
                             "(routing, load and fault tests where the model's output does not matter)")
     count: int = 1
-    disaggregated: bool = Field(False, description="worker 0 prefills, worker 1 decodes; KV moves over "
-                                                   "NIXL (vLLM's NixlConnector, UCX on loopback)")
+    disaggregated: bool = Field(False, description="the first `prefill_count` workers prefill, the rest "
+                                                   "decode; KV moves over NIXL (vLLM's NixlConnector, UCX "
+                                                   "on loopback)")
+    prefill_count: int = Field(1, ge=1, description="prefill workers when disaggregated")
+    max_num_batched_tokens: int | None = Field(None, description="prefill token budget per engine step")
+    num_kv_blocks: int | None = Field(None, description="override the KV cache size in blocks (to study "
+                                                        "eviction with a small cache)")
     served_model_name: str = "tiny"
     max_model_len: int = 2048
     kv_cache_gib: int = Field(1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB only)")

@@ -62,7 +62,7 @@ def components(cfg: StackConfig) -> list[Component]:
         name="frontend",
         argv=[py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
               "--http-port", str(cfg.frontend.port), "--router-mode", cfg.frontend.router_mode,
-              "--kv-cache-block-size", str(w.block_size)],
+              "--kv-cache-block-size", str(w.block_size), *_router_args(cfg)],
         env=env, health_url=f"{cfg.frontend_url}/health", ports=[cfg.frontend.port])]
     for i in range(w.count):
         comps.append(_mocker(cfg, i, env) if w.engine == "mocker" else _vllm_worker(cfg, i, env))
@@ -76,6 +76,31 @@ def components(cfg: StackConfig) -> list[Component]:
     return comps
 
 
+def _router_args(cfg: StackConfig) -> list[str]:
+    f, args = cfg.frontend, []
+    if f.overlap_score_credit is not None:
+        args += ["--router-kv-overlap-score-credit", str(f.overlap_score_credit)]
+    if f.session_affinity_ttl_s is not None:
+        args += ["--router-session-affinity-ttl-secs", str(f.session_affinity_ttl_s)]
+    return args
+
+
+def _engine_args(cfg: StackConfig, i: int) -> list[str]:
+    """Arguments vLLM and the mocker share: prefill budget, cache size, P/D role."""
+    w, args = cfg.worker, []
+    if w.max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(w.max_num_batched_tokens)]
+    if w.num_kv_blocks:
+        args += ["--num-gpu-blocks-override", str(w.num_kv_blocks)]
+    if w.disaggregated:
+        args += ["--disaggregation-mode", "prefill" if is_prefill(cfg, i) else "decode"]
+    return args
+
+
+def is_prefill(cfg: StackConfig, i: int) -> bool:
+    return cfg.worker.disaggregated and i < cfg.worker.prefill_count
+
+
 def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
     w = cfg.worker
     system_port = w.system_port_base + i
@@ -85,12 +110,13 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
             "--served-model-name", w.served_model_name, "--max-model-len", str(w.max_model_len),
             "--dtype", "bfloat16", "--block-size", str(w.block_size),
             "--enable-prefix-caching", "--kv-events-config", json.dumps(kv_events),
-            "--enable-lora", "--max-lora-rank", str(w.max_lora_rank), "--max-loras", str(w.max_loras)]
+            "--enable-lora", "--max-lora-rank", str(w.max_lora_rank), "--max-loras", str(w.max_loras),
+            *_engine_args(cfg, i)]
     if w.enforce_eager:
         argv.append("--enforce-eager")
     extra_env = {}
     if w.disaggregated:
-        argv += ["--disaggregation-mode", "prefill" if i == 0 else "decode", "--kv-transfer-config",
+        argv += ["--kv-transfer-config",
                  json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})]
         extra_env = {"UCX_NET_DEVICES": "lo"}
     return Component(
@@ -101,7 +127,7 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
              "DYN_LORA_ENABLED": "true", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
              "DYN_LORA_PATH": str(cfg.run_dir / "loras"), **extra_env},
         health_url=f"{cfg.worker_admin_url(i)}/health",
-        ready=_worker_ready(cfg, listed=not (w.disaggregated and i == 0)))
+        ready=_worker_ready(cfg, listed=not is_prefill(cfg, i)))
 
 
 def _mocker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
@@ -110,10 +136,11 @@ def _mocker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
     argv = [sys.executable, "-m", "dynamo.mocker", "--model-path", str(cfg.model_path),
             "--model-name", w.served_model_name, "--block-size", str(w.block_size),
             "--max-model-len", str(w.max_model_len), "--speedup-ratio", str(w.speedup_ratio),
-            "--enable-prefix-caching"]
+            "--enable-prefix-caching", *_engine_args(cfg, i)]
     return Component(name=f"worker-{i}", argv=argv, ports=[system_port],
                      env={**env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_ENABLED": "true"},
-                     health_url=f"{cfg.worker_admin_url(i)}/health", ready=_worker_ready(cfg))
+                     health_url=f"{cfg.worker_admin_url(i)}/health",
+                     ready=_worker_ready(cfg, listed=not is_prefill(cfg, i)))
 
 
 def ensure_model(cfg: StackConfig) -> None:

@@ -1,0 +1,151 @@
+"""Side-by-side studies with the agentic workload; each arm gets a fresh stack from the same config.
+
+    python -m deploy.bench.studies routing stickiness budget pd-ratio   # Dynamo mocker (`sim`)
+    python -m deploy.bench.studies pd-vs-agg                            # real vLLM-CPU workers
+
+routing     KV-aware vs round-robin routing, at saturation (4 mocker workers)
+stickiness  KV routing with and without session affinity (x-dynamo-session-id pinned per worker)
+budget      prefill token budget per step: large vs half (queue wait, TTFT)
+pd-ratio    prefill:decode split of 4 mocker workers (and aggregated) over a concurrency sweep:
+            the most concurrent sessions each split serves with per-user speed >= --target
+pd-vs-agg   two vLLM-CPU workers aggregated vs one prefill + one decode (NIXL): greedy outputs
+            compared request by request, ITL p90
+
+Each study prints a table, writes <out>/<study>.json and <out>/<study>.png. Arms run one after
+the other on the same machine, with the same request plan (same seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from deploy.bench.agentic import plot, public, run
+from deploy.bench.workload import SessionShape, session_plan
+from deploy.config import load_config
+from deploy.launcher import down, up
+
+SIM_SHAPE = SessionShape(sessions=64)
+REAL_SHAPE = SessionShape(sessions=6, turns=4, shared_prefix=128, history=1024, step=48, output=24,
+                          cold_fraction=0.2, cold_prompt=1024)
+COLUMNS = ("ttft_ms.p50", "ttft_ms.p90", "ttft_ms.p99", "itl_ms.p90", "tokens_per_s_per_user.p50",
+           "output_tokens_per_s", "queue_wait_ms", "prefix_reuse_of_ideal", "sessions_on_one_worker",
+           "errors")
+
+
+class Runner:
+    def __init__(self, out: Path, port_base: int, speedup: float):
+        self.out, self.port_base, self.speedup = out, port_base, speedup
+
+    def arm(self, name: str, profile: str, overrides: list[str], shape: SessionShape,
+            concurrency: int) -> dict:
+        p = self.port_base
+        sets = [f"home={self.out / 'homes' / name}", f"model_dir={self.out / 'models' / 'tiny'}",
+                f"frontend.port={p}", f"worker.system_port_base={p + 10}", f"gateway.port={p + 40}",
+                f"worker.nixl_port_base={p + 20}"]
+        if profile == "sim":
+            sets += [f"worker.speedup_ratio={self.speedup}", "worker.max_model_len=65536"]
+        cfg = load_config(profile, sets + overrides, environ={})
+        print(f"[{name}] starting {profile} with {' '.join(overrides) or 'defaults'}", flush=True)
+        up(cfg)
+        try:
+            urls = [cfg.frontend_url] + [cfg.worker_admin_url(i) for i in range(cfg.worker.count)]
+            result = run(cfg.frontend_url, session_plan(shape), concurrency, cfg.worker.served_model_name,
+                         cfg.worker.block_size, urls)
+        finally:
+            down(cfg)
+        print(f"[{name}] {json.dumps({c: _get(result, c) for c in COLUMNS})}", flush=True)
+        return result
+
+
+def _get(result: dict, dotted: str):
+    for part in dotted.split("."):
+        result = result.get(part) if isinstance(result, dict) else None
+    return result
+
+
+def table(results: dict[str, dict]) -> str:
+    head = "| arm | " + " | ".join(COLUMNS) + " |"
+    rows = [head, "|" + "---|" * (len(COLUMNS) + 1)]
+    rows += ["| " + name + " | " + " | ".join(str(_get(r, c)) for c in COLUMNS) + " |"
+             for name, r in results.items()]
+    return "\n".join(rows)
+
+
+def routing(r: Runner, a) -> dict:
+    arms = {mode: r.arm(f"routing-{mode}", "sim", ["worker.count=4", f"frontend.router_mode={mode}"],
+                        SIM_SHAPE, a.concurrency) for mode in ("kv", "round-robin")}
+    arms["ratio"] = {"ttft_p90_round_robin_over_kv": round(
+        arms["round-robin"]["ttft_ms"]["p90"] / arms["kv"]["ttft_ms"]["p90"], 2)}
+    return arms
+
+
+def stickiness(r: Runner, a) -> dict:
+    return {name: r.arm(f"stickiness-{name}", "sim", ["worker.count=4", *extra], SIM_SHAPE, a.concurrency)
+            for name, extra in (("kv", []), ("kv+affinity", ["frontend.session_affinity_ttl_s=300"]))}
+
+
+def budget(r: Runner, a) -> dict:
+    return {f"budget-{n}": r.arm(f"budget-{n}", "sim", ["worker.count=4", f"worker.max_num_batched_tokens={n}"],
+                                 SIM_SHAPE, a.concurrency) for n in (a.budget, a.budget // 2)}
+
+
+def pd_ratio(r: Runner, a) -> dict:
+    splits = {"agg-4": ["worker.count=4"]}
+    splits |= {f"{p}P:{4 - p}D": ["worker.count=4", "worker.disaggregated=true", f"worker.prefill_count={p}"]
+               for p in (1, 2, 3)}
+    sweep, best = {}, {}
+    for name, overrides in splits.items():
+        for c in a.sweep:
+            res = r.arm(f"pd-{name}-c{c}", "sim", overrides, SIM_SHAPE, c)
+            sweep[f"{name} c={c}"] = res
+            if res["errors"] == 0 and res["tokens_per_s_per_user"]["p50"] >= a.target:
+                best[name] = c
+    sweep["best"] = {"target_tokens_per_s_per_user": a.target,
+                     "max_concurrency_meeting_target": {n: best.get(n, 0) for n in splits}}
+    return sweep
+
+
+def pd_vs_agg(r: Runner, a) -> dict:
+    common = ["worker.count=2", "worker.enforce_eager=true", "worker.max_model_len=2048"]
+    agg = r.arm("agg", "local", common, REAL_SHAPE, a.real_concurrency)
+    pd = r.arm("pd", "local-pd", common, REAL_SHAPE, a.real_concurrency)
+    same = sum(x == y for x, y in zip(agg["texts"], pd["texts"]))
+    return {"aggregated": agg, "prefill+decode": pd,
+            "greedy": {"identical_outputs": same, "requests": len(agg["texts"]),
+                       "itl_p90_pd_over_agg": round(pd["itl_ms"]["p90"] / agg["itl_ms"]["p90"], 2)}}
+
+
+STUDIES = {"routing": routing, "stickiness": stickiness, "budget": budget, "pd-ratio": pd_ratio,
+           "pd-vs-agg": pd_vs_agg}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("studies", nargs="+", choices=sorted(STUDIES))
+    p.add_argument("--out", type=Path, default=Path("bench-out/studies"))
+    p.add_argument("--port-base", type=int, default=19800)
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="mocker speedup ratio; 1 keeps the simulated GPUs, not this machine, the bottleneck")
+    p.add_argument("--concurrency", type=int, default=64, help="users for the sim studies (saturating)")
+    p.add_argument("--real-concurrency", type=int, default=4, help="users for pd-vs-agg")
+    p.add_argument("--budget", type=int, default=8192, help="the large prefill budget; half is compared")
+    p.add_argument("--sweep", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32, 64])
+    p.add_argument("--target", type=float, default=50.0, help="per-user tokens/s goal for pd-ratio")
+    a = p.parse_args(argv)
+    runner = Runner(a.out.resolve(), a.port_base, a.speedup)
+    for study in a.studies:
+        results = STUDIES[study](runner, a)
+        arms = {k: v for k, v in results.items() if "ttft_ms" in v}
+        extra = {k: v for k, v in results.items() if k not in arms}
+        (runner.out / f"{study}.json").write_text(json.dumps(
+            {**{k: public(v) for k, v in arms.items()}, **extra}, indent=2))
+        plot(arms, runner.out / f"{study}.png", f"{study} (agentic workload)")
+        print(f"\n## {study}\n\n{table(arms)}\n")
+        if extra:
+            print(json.dumps(extra, indent=2))
+
+
+if __name__ == "__main__":
+    main()
