@@ -44,6 +44,38 @@ def up(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
 
 
 @app.command()
+def manifests(profile: str = typer.Option("gb200-nvl72", "--profile", "-p", help="a profile with a [cluster] section"),
+              set_: Optional[list[str]] = SetOpt,
+              out: Optional[Path] = typer.Option(None, help="write here instead of standard output"),
+              check: bool = typer.Option(True, help="validate offline (Kubernetes schemas, the Dynamo "
+                                                    "graph schema, Dynamo's and vLLM's own argument parsers)")):
+    """Render the Kubernetes manifests (Dynamo operator graph, Mooncake, IMEX domain) for a cluster profile."""
+    from deploy.manifests import render, to_yaml
+
+    cfg = _config(profile, set_)
+    try:
+        docs = render(cfg)
+    except ValueError as exc:
+        console.print(f"[red]cannot render {profile}:[/] {exc}")
+        raise typer.Exit(2)
+    if check:
+        from deploy.manifest_check import K8S_VERSION, validate
+        errors = validate(docs)
+        for line in errors:
+            console.print(f"[red]invalid:[/] {line}")
+        if errors:
+            raise typer.Exit(1)
+        console.print(f"{len(docs)} documents valid (Kubernetes {K8S_VERSION} schemas, strict)")
+    text = to_yaml(docs, cfg)
+    if out is None:
+        print(text, end="")
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        console.print(f"wrote {out}")
+
+
+@app.command()
 def down(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
     """Stop exactly the processes `flywheel up` started (by PID file)."""
     from deploy.launcher import down as stop

@@ -61,6 +61,38 @@ class RedisConfig(BaseModel):
     port: int = 6390
 
 
+class PoolConfig(BaseModel):
+    """One pool of GPU workers (all replicas alike)."""
+    replicas: int = Field(ge=0)
+    gpus: int = Field(ge=1, description="GPUs per worker (one engine)")
+    parallel: Literal["dep", "tp"] = Field(
+        description="dep: data-parallel attention + expert-parallel MoE, one engine rank per GPU; "
+                    "tp: tensor parallel across the worker's GPUs")
+    tokens_per_step_per_gpu: int | None = Field(None, description="prefill token budget per engine step "
+                                                                  "and GPU (--max-num-batched-tokens)")
+
+
+class ClusterConfig(BaseModel):
+    """A Dynamo graph for Kubernetes (the Dynamo operator's DynamoGraphDeployment), rendered by
+    ``flywheel manifests``. Defaults: one GB200 NVL72 rack (72 GPUs, 4 per node)."""
+    name: str = Field("flywheel", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str = "flywheel"
+    image: str = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1"
+    model: str = "deepseek-ai/DeepSeek-V3.2"
+    gpus_per_node: int = 4
+    domain_gpus: int = Field(72, description="GPUs in one NVLink domain (NVL72)")
+    prefill: PoolConfig = PoolConfig(replicas=3, gpus=8, parallel="dep", tokens_per_step_per_gpu=4096)
+    decode: PoolConfig = PoolConfig(replicas=12, gpus=4, parallel="tp")
+    frontend_replicas: int = 2
+    kv_cache_dtype: str = Field("nvfp4_ds_mla", description="NVFP4 latent + FP8 rope: 352-byte MLA rows")
+    kv_layout: str = Field("BLHNC", description="VLLM_KV_CACHE_LAYOUT: block-major, few large NIXL transfers")
+    block_size: int = 64
+    host_tier_gb: int = Field(256, description="host DRAM each worker lends to the Mooncake store")
+    mooncake_protocol: Literal["rdma", "tcp"] = "rdma"
+    hf_token_secret: str | None = "hf-token-secret"
+    model_cache_gb: int = 1500
+
+
 class StackConfig(BaseModel):
     profile: str = "local"
     home: str = Field(".flywheel", description="run dir, models and traces live under here")
@@ -70,6 +102,7 @@ class StackConfig(BaseModel):
     worker: WorkerConfig = WorkerConfig()
     gateway: GatewayConfig = GatewayConfig()
     redis: RedisConfig = RedisConfig()
+    cluster: ClusterConfig = ClusterConfig()
     start_timeout_s: float = 300.0
 
     @property

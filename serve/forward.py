@@ -41,6 +41,12 @@ ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions
              "generate": "/v1/completions"}
 
 
+def upstream_headers(ctx: RequestContext) -> dict[str, str]:
+    """The session travels on as Dynamo's session id: with session affinity on, the deployment's
+    router keeps the session on the worker that holds its KV cache."""
+    return {"x-dynamo-session-id": ctx.session_id} if ctx.session_id else {}
+
+
 class _Retryable(Exception):
     def __init__(self, error: APIError):
         self.error = error
@@ -122,7 +128,8 @@ class Forwarder:
         t0 = time.monotonic()
         try:
             upstream = await asyncio.wait_for(
-                self.http.send(self.http.build_request("POST", url, json=rewrite.upstream_body), stream=stream),
+                self.http.send(self.http.build_request("POST", url, json=rewrite.upstream_body,
+                                                       headers=upstream_headers(capture.ctx)), stream=stream),
                 timeout=self.config.first_token_timeout_s)
         except (httpx.HTTPError, asyncio.TimeoutError) as exc:
             self.breakers.record(dep_name, False)
