@@ -56,6 +56,17 @@ class WorkerConfig(BaseModel):
     max_loras: int = 2
 
 
+class HostTierConfig(BaseModel):
+    """A second KV tier in host DRAM: vLLM's MooncakeStoreConnector over a Mooncake store on
+    loopback (TCP). Blocks evicted from a worker's KV cache are loaded back instead of recomputed."""
+    enabled: bool = False
+    rpc_port: int = 50151
+    metadata_port: int = 8180
+    metrics_port: int = 9103
+    segment_mb: int = Field(256, description="host memory each worker lends to the store")
+    local_buffer_mb: int = 64
+
+
 class RedisConfig(BaseModel):
     enabled: bool = Field(False, description="start a redis-server for the gateway's shared state")
     port: int = 6390
@@ -102,6 +113,7 @@ class StackConfig(BaseModel):
     worker: WorkerConfig = WorkerConfig()
     gateway: GatewayConfig = GatewayConfig()
     redis: RedisConfig = RedisConfig()
+    host_tier: HostTierConfig = HostTierConfig()
     cluster: ClusterConfig = ClusterConfig()
     start_timeout_s: float = 300.0
 

@@ -11,6 +11,7 @@ import json
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import httpx
 from rich.console import Console
@@ -58,6 +59,8 @@ def components(cfg: StackConfig) -> list[Component]:
         comps.append(Component(name="redis", ports=[cfg.redis.port], argv=[
             shutil.which("redis-server") or "redis-server", "--port", str(cfg.redis.port),
             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(cfg.run_dir)]))
+    if cfg.host_tier.enabled:
+        comps.append(_mooncake_master(cfg))
     comps += [Component(
         name="frontend",
         argv=[py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
@@ -115,10 +118,18 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
     if w.enforce_eager:
         argv.append("--enforce-eager")
     extra_env = {}
+    connectors = []
     if w.disaggregated:
-        argv += ["--kv-transfer-config",
-                 json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})]
-        extra_env = {"UCX_NET_DEVICES": "lo"}
+        connectors.append({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
+        extra_env["UCX_NET_DEVICES"] = "lo"
+    if cfg.host_tier.enabled:
+        connectors.append({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"})
+        extra_env["MOONCAKE_CONFIG_PATH"] = str(_mooncake_config(cfg))
+    if connectors:
+        kv = connectors[0] if len(connectors) == 1 else {
+            "kv_connector": "MultiConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"connectors": connectors}}
+        argv += ["--kv-transfer-config", json.dumps(kv)]
     return Component(
         name=f"worker-{i}", argv=argv, ports=[system_port],
         env={**env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_ENABLED": "true",
@@ -128,6 +139,27 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
              "DYN_LORA_PATH": str(cfg.run_dir / "loras"), **extra_env},
         health_url=f"{cfg.worker_admin_url(i)}/health",
         ready=_worker_ready(cfg, listed=not is_prefill(cfg, i)))
+
+
+def _mooncake_config(cfg: StackConfig) -> Path:
+    t, path = cfg.host_tier, cfg.run_dir / "mooncake.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "metadata_server": f"http://127.0.0.1:{t.metadata_port}/metadata",
+        "master_server_address": f"127.0.0.1:{t.rpc_port}", "protocol": "tcp", "device_name": "",
+        "global_segment_size": f"{t.segment_mb}MB", "local_buffer_size": f"{t.local_buffer_mb}MB"}))
+    return path
+
+
+def _mooncake_master(cfg: StackConfig) -> Component:
+    """The store's master with its HTTP metadata server in one process, all on loopback."""
+    t = cfg.host_tier
+    return Component(name="mooncake-master", ports=[t.rpc_port, t.metadata_port, t.metrics_port], argv=[
+        str(Path(sys.executable).with_name("mooncake_master")), "--rpc_address=127.0.0.1",
+        f"--rpc_port={t.rpc_port}", "--enable_http_metadata_server=true",
+        "--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={t.metadata_port}",
+        "--metrics_host=127.0.0.1", f"--metrics_port={t.metrics_port}"],
+        health_url=f"http://127.0.0.1:{t.metrics_port}/metrics")
 
 
 def _mocker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:

@@ -83,7 +83,9 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> NVFP4
 
 
 def dequantize(q: NVFP4Tensor) -> torch.Tensor:
+    # value x block scale is exact in fp32 (2 + 4 mantissa bits); the global scale comes last,
+    # so each element is rounded once, as FlashInfer's dequantisation does (bit for bit, tested)
     codes = unpack_nibbles(q.packed)
-    scales = q.scales.view(torch.float8_e4m3fn).float() * q.global_scale
+    scales = q.scales.view(torch.float8_e4m3fn).float()
     vals = e2m1_decode(codes).reshape(*q.shape[:-1], -1, BLOCK) * scales.unsqueeze(-1)
-    return vals.reshape(q.shape)
+    return (vals * q.global_scale).reshape(q.shape)

