@@ -119,6 +119,7 @@ def summarize(records: list[dict], wall: float, waiting: list[float], block: int
     ordered = sorted(records, key=lambda r: r["sent"])
     ideal = dict(zip(map(id, ordered), ideal_cached([r["prompt_ids"] for r in ordered], block)))
     ttft = [r["tokens"][0] - r["sent"] for r in ok]
+    session_ttft = [r["tokens"][0] - r["sent"] for r in ok if r["session"]]  # turns, without cold arrivals
     itl = [b - a for r in ok for a, b in zip(r["tokens"], r["tokens"][1:])]
     per_user = [len(r["tokens"]) / (r["done"] - r["sent"]) for r in ok]
     out_tokens = sum(r.get("completion_tokens", len(r["tokens"])) for r in ok)
@@ -133,6 +134,7 @@ def summarize(records: list[dict], wall: float, waiting: list[float], block: int
     return {
         "requests": len(records), "errors": len(records) - len(ok), "wall_s": round(wall, 2),
         "ttft_ms": {"p50": ms(ttft, .5), "p90": ms(ttft, .9), "p99": ms(ttft, .99)},
+        "session_ttft_ms": {"p50": ms(session_ttft, .5), "p90": ms(session_ttft, .9), "p99": ms(session_ttft, .99)},
         "itl_ms": {"p50": ms(itl, .5), "p90": ms(itl, .9), "p99": ms(itl, .99)},
         "tokens_per_s_per_user": {"p10": round(pct(per_user, .1), 1), "p50": round(pct(per_user, .5), 1)},
         "output_tokens_per_s": round(out_tokens / wall, 1),

@@ -84,11 +84,11 @@ def mooncake_plan(path: Path, block_tokens: int = 512, scale: float = 1.0,
         if not line.strip():
             continue
         row = json.loads(line)
-        try:
-            ids, length = row["hash_ids"], max(1, round(row["input_length"] * scale))
-            out, ts = max(1, round(row["output_length"] * scale)), float(row["timestamp"])
-        except KeyError as missing:
-            raise ValueError(f"{path}:{n + 1}: a Mooncake trace row needs {missing}") from None
+        missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{n + 1}: a Mooncake trace row needs {', '.join(missing)}")
+        ids, length = row["hash_ids"], max(1, round(row["input_length"] * scale))
+        out, ts = max(1, round(row["output_length"] * scale)), float(row["timestamp"])
         prompt = [t for h in ids for t in _block_tokens(int(h), per_block, salt)]
         if len(prompt) < length:  # the last block may be partial, ids may not cover the tail
             prompt += _block_tokens(-(n + 1), length - len(prompt), salt)
@@ -114,3 +114,21 @@ def ideal_cached(prompts: list[list[int]], block: int) -> list[int]:
             seen.add(h)
         out.append(hit * block)
     return out
+
+
+def to_mooncake(jobs: list[Job], block_tokens: int = 512, rate_per_s: float = 2.0, seed: int = 0) -> list[dict]:
+    """The plan as Mooncake trace rows (Poisson arrivals at ``rate_per_s``, session turns in
+    order): equal prefixes get equal hash ids, so replaying the rows reproduces the reuse."""
+    rng = random.Random(seed)
+    ids: dict[int, int] = {}
+    rows, t = [], 0.0
+    for job in jobs:
+        for req in job.requests:
+            t += rng.expovariate(rate_per_s)
+            h, hashes = 0, []
+            for b in range(0, len(req.prompt), block_tokens):
+                h = hash((h, tuple(req.prompt[b:b + block_tokens])))
+                hashes.append(ids.setdefault(h, len(ids)))
+            rows.append({"timestamp": round(t * 1000), "input_length": len(req.prompt),
+                         "output_length": req.max_tokens, "hash_ids": hashes})
+    return rows

@@ -136,3 +136,6 @@ def test_capacity_grows_by_the_row_ratio():
     assert r["gain"] == pytest.approx(576 / 352, rel=1e-3)
     with_indexer = capacity_report(DecoderMemory(kv_bytes=40e9, layers=61, extra_bytes_per_layer=132))
     assert with_indexer["gain"] < r["gain"]
+    # against vLLM's V3.2 layout (656-byte rows with fp32 scales and a bf16 rope part)
+    ds = capacity_report(DecoderMemory(kv_bytes=40e9, layers=61), baseline="fp8_ds_mla")
+    assert ds["fp8_ds_mla_tokens"] == int(40e9 // (61 * 656)) and ds["gain"] == pytest.approx(656 / 352, rel=1e-3)
