@@ -153,7 +153,7 @@ def run(url: str, jobs: list[Job], concurrency: int, model: str = "tiny", block:
         metrics_urls: list[str] | None = None) -> dict:
     records, wall, waiting = asyncio.run(drive(url, model, jobs, concurrency, metrics_urls or [url]))
     result = summarize(records, wall, waiting, block)
-    result["texts"] = [r["text"] for r in sorted(records, key=lambda r: r["sent"])]
+    result["texts"] = {hash(tuple(r["prompt_ids"])): r["text"] for r in records if r["error"] is None}
     if result["errors"]:
         first = next(r["error"] for r in records if r["error"] is not None or not r["tokens"])
         result["first_error"] = first

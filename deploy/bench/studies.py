@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
+
+import httpx
 
 from deploy.bench.agentic import plot, public, run
 from deploy.bench.workload import SessionShape, session_plan
@@ -51,6 +54,7 @@ class Runner:
         print(f"[{name}] starting {profile} with {' '.join(overrides) or 'defaults'}", flush=True)
         up(cfg)
         try:
+            warm_up(cfg.frontend_url, cfg.worker.served_model_name)
             urls = [cfg.frontend_url] + [cfg.worker_admin_url(i) for i in range(cfg.worker.count)]
             result = run(cfg.frontend_url, session_plan(shape), concurrency, cfg.worker.served_model_name,
                          cfg.worker.block_size, urls)
@@ -58,6 +62,23 @@ class Runner:
             down(cfg)
         print(f"[{name}] {json.dumps({c: _get(result, c) for c in COLUMNS})}", flush=True)
         return result
+
+
+def warm_up(url: str, model: str, wait_s: float = 120) -> None:
+    """One request answered: a P/D deployment answers 5xx until prefill and decode are wired."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            r = httpx.post(f"{url}/v1/completions", timeout=60,
+                           json={"model": model, "prompt": [20, 21, 22], "max_tokens": 2})
+            if r.status_code == 200:
+                return
+            reason = f"HTTP {r.status_code}: {r.text[:200]}"
+        except httpx.HTTPError as exc:
+            reason = repr(exc)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} not serving after {wait_s:.0f} s: {reason}")
+        time.sleep(1)
 
 
 def _get(result: dict, dotted: str):
@@ -114,10 +135,33 @@ def pd_vs_agg(r: Runner, a) -> dict:
     common = ["worker.count=2", "worker.enforce_eager=true", "worker.max_model_len=2048"]
     agg = r.arm("agg", "local", common, REAL_SHAPE, a.real_concurrency)
     pd = r.arm("pd", "local-pd", common, REAL_SHAPE, a.real_concurrency)
-    same = sum(x == y for x, y in zip(agg["texts"], pd["texts"]))
+    both = agg["texts"].keys() & pd["texts"].keys()  # the same prompts, whatever order they ran in
+    same = sum(agg["texts"][k] == pd["texts"][k] for k in both)
     return {"aggregated": agg, "prefill+decode": pd,
-            "greedy": {"identical_outputs": same, "requests": len(agg["texts"]),
+            "greedy": {"identical_outputs": same, "compared": len(both),
                        "itl_p90_pd_over_agg": round(pd["itl_ms"]["p90"] / agg["itl_ms"]["p90"], 2)}}
+
+
+def plot_sweep(results: dict, path: Path) -> None:
+    """Per-user speed against concurrency, one line per prefill:decode split."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    lines: dict[str, list[tuple[int, float]]] = {}
+    for name, r in results.items():
+        if " c=" in name:
+            split, c = name.split(" c=")
+            lines.setdefault(split, []).append((int(c), r["tokens_per_s_per_user"]["p50"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for split, pts in lines.items():
+        ax.plot(*zip(*sorted(pts)), marker="o", label=split)
+    ax.axhline(results["best"]["target_tokens_per_s_per_user"], color="grey", linestyle="--", label="target")
+    ax.set(xlabel="concurrent sessions", ylabel="tokens/s per user (p50)", xscale="log",
+           title="prefill:decode split of 4 workers (mocker)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 STUDIES = {"routing": routing, "stickiness": stickiness, "budget": budget, "pd-ratio": pd_ratio,
@@ -145,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         (runner.out / f"{study}.json").write_text(json.dumps(
             {**{k: public(v) for k, v in arms.items()}, **extra}, indent=2))
         plot(arms, runner.out / f"{study}.png", f"{study} (agentic workload)")
+        if study == "pd-ratio":
+            plot_sweep(results, runner.out / "pd-ratio-sweep.png")
         print(f"\n## {study}\n\n{table(arms)}\n")
         if extra:
             print(json.dumps(extra, indent=2))
