@@ -101,7 +101,6 @@ class ClusterConfig(BaseModel):
     host_tier_gb: int = Field(256, description="host DRAM each worker lends to the Mooncake store")
     mooncake_protocol: Literal["rdma", "tcp"] = "rdma"
     hf_token_secret: str | None = "hf-token-secret"
-    model_cache_gb: int = 1500
 
 
 class StackConfig(BaseModel):

@@ -41,10 +41,9 @@ async def send(client: httpx.AsyncClient, url: str, model: str, req: Request, ou
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
             "nvext": {"extra_fields": ["worker_id"]}}
     headers = {"x-dynamo-session-id": req.session} if req.session else {}
-    rec = {"sent": time.perf_counter(), "prompt": len(req.prompt), "session": req.session,
-           "tokens": [], "cached": 0, "worker": None, "error": None, "text": ""}
+    rec = {"sent": time.perf_counter(), "prompt": len(req.prompt), "prompt_ids": req.prompt,
+           "session": req.session, "tokens": [], "cached": 0, "worker": None, "error": None, "text": ""}
     out.append(rec)
-    rec["prompt_ids"] = req.prompt
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as r:
             if r.status_code != 200:
