@@ -1,6 +1,9 @@
+import json
+
 import pytest
 
 from deploy.config import load_config
+from deploy.launcher import components
 
 
 def test_profile_then_environment_then_flags_take_precedence():
@@ -31,3 +34,35 @@ def test_gateway_config_points_the_default_alias_at_the_local_deployment(tmp_pat
     assert gw.models["tiny"].upstream_model == "tiny"
     assert gw.traces_dir == str(tmp_path / "traces")
     assert gw.admin_key and gw.admin_key == cfg.resolved_gateway().admin_key  # stable per run dir
+
+
+def _args(comp, flag):
+    return comp.argv[comp.argv.index(flag) + 1] if flag in comp.argv else None
+
+
+def test_a_prefill_decode_split_and_the_engine_knobs_reach_every_worker(tmp_path):
+    cfg = load_config("sim", [f"home={tmp_path}", "worker.count=4", "worker.disaggregated=true",
+                              "worker.prefill_count=3", "worker.max_num_batched_tokens=4096",
+                              "worker.num_kv_blocks=512", "frontend.session_affinity_ttl_s=300"], environ={})
+    comps = {c.name: c for c in components(cfg)}
+    roles = [_args(comps[f"worker-{i}"], "--disaggregation-mode") for i in range(4)]
+    assert roles == ["prefill", "prefill", "prefill", "decode"]
+    for i in range(4):
+        assert _args(comps[f"worker-{i}"], "--max-num-batched-tokens") == "4096"
+        assert _args(comps[f"worker-{i}"], "--num-gpu-blocks-override") == "512"
+    assert _args(comps["frontend"], "--router-session-affinity-ttl-secs") == "300"
+
+
+def test_the_host_tier_starts_a_mooncake_master_and_wires_the_workers_to_it(tmp_path):
+    cfg = load_config("local-tiered", [f"home={tmp_path}", "host_tier.rpc_port=18551"], environ={})
+    comps = {c.name: c for c in components(cfg)}
+    assert "--rpc_port=18551" in comps["mooncake-master"].argv
+    worker = comps["worker-0"]
+    assert json.loads(_args(worker, "--kv-transfer-config"))["kv_connector"] == "MooncakeStoreConnector"
+    store = json.loads(open(worker.env["MOONCAKE_CONFIG_PATH"]).read())
+    assert store["master_server_address"] == "127.0.0.1:18551" and store["protocol"] == "tcp"
+    # with prefill/decode on as well, NIXL and the store are chained behind one MultiConnector
+    pd = load_config("local-tiered", [f"home={tmp_path}", "worker.count=2", "worker.disaggregated=true"], environ={})
+    kv = json.loads(_args({c.name: c for c in components(pd)}["worker-1"], "--kv-transfer-config"))
+    assert [c["kv_connector"] for c in kv["kv_connector_extra_config"]["connectors"]] == \
+        ["NixlConnector", "MooncakeStoreConnector"]
