@@ -24,16 +24,10 @@ from pathlib import Path
 
 import httpx
 
+from deploy.bench import pct
 from deploy.bench.workload import Job, Request, SessionShape, ideal_cached, mooncake_plan, session_plan
 
 WAITING_GAUGES = ("dynamo_frontend_queued_requests", "vllm:num_requests_waiting")
-
-
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 async def send(client: httpx.AsyncClient, url: str, model: str, req: Request, out: list[dict]) -> None:

@@ -19,10 +19,7 @@ import time
 
 import httpx
 
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+from deploy.bench import pct
 
 
 async def one(client: httpx.AsyncClient, url: str, out: dict, key: str) -> None:
@@ -65,7 +62,7 @@ async def run_rate(gateway: str, direct: str, rate: float, seconds: float) -> di
     row = {"rate": rate, "achieved_send_rate": round(achieved, 1), "errors": out["gw_errors"] + out["direct_errors"]}
     for metric in ("ttft", "total"):
         for q, name in ((0.5, "p50"), (0.99, "p99")):
-            d, g = pct(out[f"direct_{metric}"], q), pct(out[f"gw_{metric}"], q)
+            d, g = pct(out[f"direct_{metric}"], q) * 1000, pct(out[f"gw_{metric}"], q) * 1000
             row[f"{metric}_{name}_direct_ms"] = round(d, 2)
             row[f"{metric}_{name}_gateway_ms"] = round(g, 2)
             row[f"{metric}_{name}_added_ms"] = round(g - d, 2)
