@@ -67,6 +67,16 @@ class HostTierConfig(BaseModel):
     local_buffer_mb: int = 64
 
 
+def mooncake_store_config(master: str, rpc_port: int, metadata_port: int, protocol: str,
+                          segment: str, local_buffer: str) -> dict:
+    """The file vLLM's MooncakeStoreConnector reads (MOONCAKE_CONFIG_PATH), for the local tier and
+    the cluster alike: the master and its HTTP metadata server, the transport, and the host memory
+    each worker lends to the store (embedded mode)."""
+    return {"metadata_server": f"http://{master}:{metadata_port}/metadata",
+            "master_server_address": f"{master}:{rpc_port}", "protocol": protocol, "device_name": "",
+            "mode": "embedded", "global_segment_size": segment, "local_buffer_size": local_buffer}
+
+
 class RedisConfig(BaseModel):
     enabled: bool = Field(False, description="start a redis-server for the gateway's shared state")
     port: int = 6390

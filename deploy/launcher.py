@@ -17,7 +17,7 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from deploy.config import StackConfig
+from deploy.config import StackConfig, mooncake_store_config
 from deploy.processes import Component, ProcessManager, StartError
 
 console = Console(stderr=True)
@@ -144,10 +144,8 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
 def _mooncake_config(cfg: StackConfig) -> Path:
     t, path = cfg.host_tier, cfg.run_dir / "mooncake.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "metadata_server": f"http://127.0.0.1:{t.metadata_port}/metadata",
-        "master_server_address": f"127.0.0.1:{t.rpc_port}", "protocol": "tcp", "device_name": "",
-        "global_segment_size": f"{t.segment_mb}MB", "local_buffer_size": f"{t.local_buffer_mb}MB"}))
+    path.write_text(json.dumps(mooncake_store_config(
+        "127.0.0.1", t.rpc_port, t.metadata_port, "tcp", f"{t.segment_mb}MB", f"{t.local_buffer_mb}MB")))
     return path
 
 

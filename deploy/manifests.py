@@ -12,7 +12,7 @@ import json
 
 import yaml
 
-from deploy.config import ClusterConfig, PoolConfig, StackConfig
+from deploy.config import ClusterConfig, PoolConfig, StackConfig, mooncake_store_config
 
 MOONCAKE_DIR = "/etc/mooncake"
 MOONCAKE_MASTER_PORT = 50051
@@ -47,11 +47,9 @@ def kv_transfer_config(c: ClusterConfig) -> dict:
 
 
 def mooncake_config(c: ClusterConfig) -> dict:
-    master = f"{c.name}-mooncake-master.{c.namespace}.svc.cluster.local"
-    return {"metadata_server": f"http://{master}:{MOONCAKE_METADATA_PORT}/metadata",
-            "master_server_address": f"{master}:{MOONCAKE_MASTER_PORT}",
-            "protocol": c.mooncake_protocol, "device_name": "", "mode": "embedded",
-            "global_segment_size": f"{c.host_tier_gb}GB", "local_buffer_size": "4GB"}
+    return mooncake_store_config(f"{c.name}-mooncake-master.{c.namespace}.svc.cluster.local",
+                                 MOONCAKE_MASTER_PORT, MOONCAKE_METADATA_PORT, c.mooncake_protocol,
+                                 f"{c.host_tier_gb}GB", "4GB")
 
 
 def worker_args(cfg: StackConfig, role: str) -> list[str]:
