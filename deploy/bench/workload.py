@@ -96,6 +96,17 @@ def mooncake_plan(path: Path, block_tokens: int = 512, scale: float = 1.0,
     return jobs
 
 
+def prefix_hashes(prompt: list[int], block: int, partial: bool = False) -> list[int]:
+    """One hash per block, each covering the whole prompt up to that block's end, so equal hashes
+    mean equal prefixes; ``partial`` also hashes a trailing incomplete block."""
+    end = len(prompt) if partial else len(prompt) // block * block
+    h, out = 0, []
+    for b in range(0, end, block):
+        h = hash((h, tuple(prompt[b:b + block])))
+        out.append(h)
+    return out
+
+
 def ideal_cached(prompts: list[list[int]], block: int) -> list[int]:
     """Per request, in send order: the cached tokens an infinite cache with perfect routing gives,
     i.e. the longest whole-block prefix shared with any earlier request (an engine always computes
@@ -103,15 +114,13 @@ def ideal_cached(prompts: list[list[int]], block: int) -> list[int]:
     seen: set[int] = set()
     out = []
     for prompt in prompts:
-        h, hit, still = 0, 0, True
-        full = (len(prompt) - 1) // block
-        for b in range(len(prompt) // block):
-            h = hash((h, tuple(prompt[b * block:(b + 1) * block])))
-            if still and h in seen and b < full:
-                hit += 1
-            else:
-                still = False
-            seen.add(h)
+        hashes = prefix_hashes(prompt, block)
+        hit = 0
+        for h in hashes[:(len(prompt) - 1) // block]:
+            if h not in seen:
+                break
+            hit += 1
+        seen.update(hashes)
         out.append(hit * block)
     return out
 
@@ -125,10 +134,7 @@ def to_mooncake(jobs: list[Job], block_tokens: int = 512, rate_per_s: float = 2.
     for job in jobs:
         for req in job.requests:
             t += rng.expovariate(rate_per_s)
-            h, hashes = 0, []
-            for b in range(0, len(req.prompt), block_tokens):
-                h = hash((h, tuple(req.prompt[b:b + block_tokens])))
-                hashes.append(ids.setdefault(h, len(ids)))
+            hashes = [ids.setdefault(h, len(ids)) for h in prefix_hashes(req.prompt, block_tokens, partial=True)]
             rows.append({"timestamp": round(t * 1000), "input_length": len(req.prompt),
                          "output_length": req.max_tokens, "hash_ids": hashes})
     return rows
