@@ -121,7 +121,9 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
     connectors = []
     if w.disaggregated:
         connectors.append({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
-        extra_env["UCX_NET_DEVICES"] = "lo"
+        # loopback only: UCX, and the NIXL side channel Dynamo would otherwise bind to the
+        # address of the outbound interface
+        extra_env |= {"UCX_NET_DEVICES": "lo", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
     if cfg.host_tier.enabled:
         connectors.append({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"})
         extra_env["MOONCAKE_CONFIG_PATH"] = str(_mooncake_config(cfg))
