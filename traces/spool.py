@@ -1,36 +1,56 @@
 """An append-only, fsync'd log of trace records: what makes an acknowledged record survive a crash.
 
-Records go to numbered segment files as frames ``[u32 length][u32 crc32][msgpack record]``.
-One thread writes and fsyncs whatever has queued up while the previous fsync ran (group
-commit), then advances the durable watermark and runs each record's callback: a caller that
-waited for its ticket (``wait``) or got its callback knows the record is on disk. Tickets are
-plain integers so bulk producers pay nothing per record for synchronisation. A crash can leave a torn last frame; readers stop at the first frame whose
-length or checksum does not match, which can only be a frame nobody was told was durable.
+Records go to segment files as frames ``[u32 length][u32 crc32][msgpack record]``. One thread
+writes and fsyncs whatever has queued up while the previous fsync ran (group commit), then
+advances the durable watermark and runs each record's callback: a caller that waited for its
+ticket (``wait``) or got its callback knows the record is on disk. Tickets are plain integers so
+bulk producers pay nothing per record for synchronisation.
+
+Segments are named ``seg-<lifetime>-<seq>.spool``: ``lifetime`` is new for every process that
+opens the spool, so no process ever writes, or names anything after, a segment of an earlier
+one (a restart with an empty spool used to start counting at 1 again and overwrite the previous
+process's Parquet files). One process at a time owns a spool directory (an exclusive lock).
+
+A crash can leave a torn last frame; readers stop at the first frame whose length or checksum
+does not match, which can only be a frame nobody was told was durable. A write that fails (disk
+full, read-only) is cut off again, or, if even that fails, its segment is abandoned, so frames
+acknowledged later never sit behind a torn one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
+import secrets
 import struct
 import threading
+import time
 import zlib
-from typing import Callable
 from pathlib import Path
+from typing import Callable
+
 import msgspec
 
 _HEADER = struct.Struct("<II")
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 SEGMENT_GLOB = "seg-*.spool"
+LOCK_FILE = ".lock"
 
 
-def segment_path(directory: Path, seq: int) -> Path:
-    return directory / f"seg-{seq:012d}.spool"
+def new_lifetime() -> str:
+    """Unique per process lifetime; sorts by start time (microseconds, hex) then at random."""
+    return f"{time.time_ns() // 1000:013x}{secrets.token_hex(2)}"
 
 
-def segment_seq(path: Path) -> int:
-    return int(path.stem.split("-")[1])
+def segment_path(directory: Path, lifetime: str, seq: int) -> Path:
+    return directory / f"seg-{lifetime}-{seq:08d}.spool"
+
+
+def segment_key(path: Path) -> str:
+    """What names a segment's outputs: ``<lifetime>-<seq>`` (or the old ``<seq>``)."""
+    return path.stem.removeprefix("seg-")
 
 
 def _frame(payload: bytes) -> bytes:
@@ -38,7 +58,8 @@ def _frame(payload: bytes) -> bytes:
 
 
 def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a rename is durable only once its directory is synced)."""
+    """fsync a file or a directory (a create, rename or unlink is durable only once its
+    directory is synced)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -65,19 +86,38 @@ class SpoolError(RuntimeError):
     """A record could not be made durable (the write or fsync failed, or the spool closed)."""
 
 
+class SpoolLocked(SpoolError):
+    """Another live process owns this spool directory."""
+
+
+def _lock(directory: Path) -> int:
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SpoolLocked(f"{directory} is in use by another process (pid in {directory / LOCK_FILE}); "
+                          "each writer needs its own instance name") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 class Spool:
     """Segments under ``directory``; ``append`` returns a ticket that ``wait`` turns into
-    "this record is fsync'd"."""
+    "this record is fsync'd". Segments of earlier lifetimes are left alone for the caller to
+    replay (``sealed``)."""
 
     def __init__(self, directory: str | Path, fsync: bool = True, header: dict | None = None):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock(self.dir)
         self.fsync = fsync
-        existing = self.segments()
-        # A previous process's segments are left for replay; we never append to them.
-        self._seq = (segment_seq(existing[-1]) + 1) if existing else 1
+        self.lifetime = new_lifetime()
+        self._seq = 1
         self._header = _frame(_encoder.encode(header)) if header is not None else b""
-        self._file = self._open_segment()
+        self._fd: int | None = None      # the open segment; opened by the first write into it
+        self._offset = 0                 # bytes of intact frames in it
         self._records_in_segment = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards segment rotation against the writer thread
@@ -90,18 +130,14 @@ class Spool:
         self._thread = threading.Thread(target=self._run, name="trace-spool", daemon=True)
         self._thread.start()
 
-    def _open_segment(self):
-        """Every segment starts with the header frame (if any), so it decodes on its own."""
-        f = open(segment_path(self.dir, self._seq), "ab")
-        f.write(self._header)
-        return f
-
     def segments(self) -> list[Path]:
-        return sorted(self.dir.glob(SEGMENT_GLOB), key=segment_seq)
+        return sorted(self.dir.glob(SEGMENT_GLOB), key=segment_key)
 
-    @property
-    def current_seq(self) -> int:
-        return self._seq
+    def sealed(self) -> list[Path]:
+        """Every segment no writer will touch again: all but the one being written."""
+        with self._lock:
+            current = segment_path(self.dir, self.lifetime, self._seq) if self._fd is not None else None
+        return [s for s in self.segments() if s != current]
 
     @property
     def records_in_segment(self) -> int:
@@ -132,16 +168,13 @@ class Spool:
                 raise SpoolError(f"record {ticket} was not written: {self._failed[ticket]}")
 
     def rotate(self) -> Path | None:
-        """Seal the current segment (if it holds records) and start a new one; returns the
-        sealed segment, which no writer will touch again."""
+        """Seal the current segment (if it holds records); the next write opens a new one.
+        Returns the sealed segment, which no writer will touch again."""
         with self._lock:
-            if self._records_in_segment == 0:
+            if self._fd is None or self._records_in_segment == 0:
                 return None
-            sealed = segment_path(self.dir, self._seq)
-            self._file.close()
-            self._seq += 1
-            self._file = self._open_segment()
-            self._records_in_segment = 0
+            sealed = segment_path(self.dir, self.lifetime, self._seq)
+            self._close_segment()
             return sealed
 
     def close(self) -> None:
@@ -149,10 +182,18 @@ class Spool:
         self._queue.put(None)
         self._thread.join(timeout=30)
         with self._lock:
-            self._file.close()
-            path = segment_path(self.dir, self._seq)
-            if self._records_in_segment == 0 and path.exists() and path.stat().st_size <= len(self._header):
-                path.unlink()
+            if self._fd is not None:
+                empty = self._offset == 0
+                path = segment_path(self.dir, self.lifetime, self._seq)
+                self._close_segment()
+                if empty:
+                    path.unlink(missing_ok=True)
+        os.close(self._lock_fd)
+
+    def _close_segment(self) -> None:
+        os.close(self._fd)
+        self._fd, self._offset, self._records_in_segment = None, 0, 0
+        self._seq += 1
 
     def _run(self) -> None:
         stop = False
@@ -171,18 +212,31 @@ class Spool:
             if batch:
                 self._write(batch)
 
+    def _write_locked(self, buf: bytes) -> None:
+        if self._fd is None:
+            path = segment_path(self.dir, self.lifetime, self._seq)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            if self.fsync:
+                fsync_path(self.dir)  # the new segment's name must survive a crash too
+        if self._offset == 0:
+            buf = self._header + buf  # every segment starts with the header, so it decodes alone
+        view = memoryview(buf)
+        while view:
+            view = view[os.write(self._fd, view):]
+        if self.fsync:
+            os.fsync(self._fd)
+        self._offset += len(buf)
+
     def _write(self, batch: list) -> None:
         buf = b"".join(_frame(payload) for payload, _, _ in batch)
         error: BaseException | None = None
-        try:
-            with self._lock:
-                self._file.write(buf)
-                self._file.flush()
-                if self.fsync:
-                    os.fsync(self._file.fileno())
+        with self._lock:
+            try:
+                self._write_locked(buf)
                 self._records_in_segment += len(batch)
-        except BaseException as exc:  # the disk said no: every waiter must hear it
-            error = exc
+            except BaseException as exc:  # the disk said no: every waiter must hear it
+                error = exc
+                self._cut_back()
         with self._durable_cond:
             if error is not None:
                 self._failed.update((ticket, error) for _, ticket, _ in batch)
@@ -191,3 +245,15 @@ class Spool:
         for _, _, callback in batch:
             if callback is not None:
                 callback(error)
+
+    def _cut_back(self) -> None:
+        """After a failed write: drop its partial bytes, or give up the segment if we cannot,
+        so that later frames never follow a torn one."""
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, self._offset)
+        except OSError:
+            os.close(self._fd)
+            self._fd, self._offset, self._records_in_segment = None, 0, 0
+            self._seq += 1

@@ -4,9 +4,12 @@
 once the record is fsync'd, and the gateway finishes a response only after that. A mover
 thread seals the spool segment by size or age and turns it into zstd Parquet files,
 hive-partitioned ``date=YYYY-MM-DD/model=NAME/``, named after the writer instance and segment
-number. Because the names are deterministic, replaying a segment after a crash (on the next
-start) rewrites the same files instead of adding rows: nothing acknowledged is lost, nothing
-is stored twice. Several writer processes may share a root; each needs its own ``instance``.
+key (its process lifetime and number, unique across restarts). Because a segment's file names
+are deterministic, replaying it after a crash rewrites its own files instead of adding rows, and
+never touches another segment's: nothing acknowledged is lost, nothing is stored twice. At
+start-up every segment a previous process left (a partly written last one too) is converted
+before the writer takes records, so it is queryable without waiting for new traffic. Several
+writer processes may share a root; each needs its own ``instance`` (a second one is refused).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pyarrow.parquet as pq
 
 from traces.prefix import PrefixEncoder
 from traces.schema import SPOOL_HEADER, check_record, rows_to_table, to_row
-from traces.spool import Spool, SpoolError, fsync_path, read_segment, segment_seq
+from traces.spool import Spool, SpoolError, fsync_path, read_segment, segment_key
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,11 @@ class TraceWriter:
         self.spool = Spool(spool_dir(self.root, instance), fsync=fsync, header=SPOOL_HEADER)
         self._move_lock = threading.Lock()
         self._stop = threading.Event()
-        self.replayed = self._replay()
+        try:
+            self.replayed = self._replay()
+        except BaseException:
+            self.spool.close()
+            raise
         self._thread = threading.Thread(target=self._run, name="trace-mover", daemon=True)
         self._thread.start()
 
@@ -92,15 +99,16 @@ class TraceWriter:
         self.submit(record, done)
         await fut
 
-    def flush(self, timeout: float = 30.0) -> bool:
-        """Make every record submitted so far queryable in Parquet."""
+    def flush(self, timeout: float = 30.0) -> int:
+        """Make every record submitted so far queryable in Parquet; returns how many spool
+        segments are still waiting for conversion (0: everything durable is queryable)."""
         if self.spool.last_ticket >= 0:
             try:
                 self.spool.wait(self.spool.last_ticket, timeout)
             except SpoolError:  # a failed write is reported to its own waiter
                 pass
         self._move()
-        return True
+        return len(self.spool.sealed())
 
     def close(self) -> None:
         self._stop.set()
@@ -116,26 +124,27 @@ class TraceWriter:
                 next_move = time.monotonic() + self.max_age_s
 
     def _replay(self) -> int:
-        """Convert segments a previous process left behind (it crashed or was killed)."""
-        rows = 0
-        for seg in self.spool.segments():
-            if segment_seq(seg) < self.spool.current_seq:
-                rows += self._convert(seg)
-        return rows
+        """Convert segments a previous process left behind (it crashed, was killed, or could
+        not convert them); raises if one cannot be converted, so nothing is served half-replayed."""
+        with self._move_lock:
+            return sum(self._convert(seg) for seg in self.spool.sealed())
 
     def _move(self) -> None:
+        """Seal the current segment and convert every sealed one; a segment that fails (the
+        disk is full, say) stays in the spool and is tried again on the next move."""
         with self._move_lock:
-            sealed = self.spool.rotate()
-            if sealed is not None:
+            self.spool.rotate()
+            for seg in self.spool.sealed():
                 try:
-                    self._convert(sealed)
-                except Exception:  # the segment stays on disk and is replayed on restart
-                    log.exception("could not convert %s to Parquet", sealed)
+                    self._convert(seg)
+                except Exception as exc:
+                    log.warning("could not convert %s to Parquet (retried next move): %s", seg, exc)
 
     def _convert(self, segment: Path) -> int:
         fields, rows = read_rows(segment)
         if not rows:
             segment.unlink()
+            fsync_path(segment.parent)
             return 0
         tid, ts, model = (fields.index(f) for f in ("trace_id", "time_received", "gen_ai_request_model"))
         by_id = {r[tid]: r for r in rows}  # a replayed id keeps its last copy
@@ -146,13 +155,14 @@ class TraceWriter:
         for (date, model), rows in groups.items():
             part = self.root / f"date={date}" / f"model={model}"
             part.mkdir(parents=True, exist_ok=True)
-            name = f"{self.instance}-{segment_seq(segment):012d}.parquet"
+            name = f"{self.instance}-{segment_key(segment)}.parquet"
             tmp = part / f".{name}.tmp"
             pq.write_table(rows_to_table(fields, rows), tmp, compression="zstd")
             fsync_path(tmp)
             os.replace(tmp, part / name)
             fsync_path(part)
         segment.unlink()
+        fsync_path(segment.parent)
         return len(by_id)
 
 

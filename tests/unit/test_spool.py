@@ -1,7 +1,9 @@
 import shutil
 import struct
 
-from traces.spool import Spool, read_segment
+import pytest
+
+from traces.spool import Spool, SpoolError, SpoolLocked, read_segment
 from traces.store import TraceStore
 from traces.writer import TraceWriter, spool_dir
 
@@ -49,3 +51,72 @@ def test_a_segment_left_empty_by_a_crash_is_replayed_as_nothing(tmp_path):
     writer = TraceWriter(tmp_path, "gw")
     assert writer.replayed == 0 and not (seg_dir / "seg-000000000007.spool").exists()
     writer.close()
+
+
+def _rec(i, prefix="tr"):
+    return {"trace_id": f"{prefix}-{i}", "gen_ai_request_model": "m", "http_status": 200}
+
+
+def _ids(root):
+    return TraceStore(root).sql("SELECT trace_id FROM traces").column("trace_id").to_pylist()
+
+
+def test_restarts_with_an_empty_spool_never_overwrite_an_earlier_process_files(tmp_path):
+    acked = []
+    for life in range(5):  # a clean shutdown converts everything, so each restart finds no segment
+        writer = TraceWriter(tmp_path, "gw", max_age_s=60)
+        for i in range(7):
+            writer.write(_rec(i, f"life{life}"))
+            acked.append(f"life{life}-{i}")
+        writer.close()
+    ids = _ids(tmp_path)
+    assert sorted(ids) == sorted(acked) and len(ids) == len(set(ids))
+
+
+def test_a_killed_writer_is_replayed_at_start_before_any_new_record(tmp_path):
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    for i in range(12):
+        writer.write(_rec(i))
+    # the process dies: no close(), its spool lock goes with it
+    writer._stop.set()
+    writer.spool._closed = True
+    import os
+    os.close(writer.spool._lock_fd)
+    seg = next(iter(writer.spool.segments()))
+    with open(seg, "ab") as f:  # and its last frame was torn
+        f.write(struct.pack("<II", 500, 0) + b"partial")
+    again = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    assert again.replayed == 12
+    assert sorted(_ids(tmp_path)) == sorted(f"tr-{i}" for i in range(12))  # no new traffic needed
+    again.close()
+
+
+def test_a_second_writer_with_the_same_instance_is_refused(tmp_path):
+    first = TraceWriter(tmp_path, "gw")
+    with pytest.raises(SpoolLocked):
+        TraceWriter(tmp_path, "gw")
+    other = TraceWriter(tmp_path, "gw-2")  # another instance name is fine
+    other.close()
+    first.close()
+    TraceWriter(tmp_path, "gw").close()  # and the name is free again once the first is gone
+
+
+def test_a_failed_write_is_reported_and_later_records_are_still_readable(tmp_path, monkeypatch):
+    import os
+    spool = Spool(tmp_path, header={"fields": ["trace_id"]})
+    spool.wait(spool.append({"trace_id": "a"}), 5)
+    real_write, calls = os.write, {"n": 0}
+
+    def disk_full(fd, data):  # half the batch reaches the file, then the disk is full
+        calls["n"] += 1
+        real_write(fd, bytes(data)[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_full)
+    with pytest.raises(SpoolError, match="No space left"):
+        spool.wait(spool.append({"trace_id": "lost-and-reported"}), 5)
+    monkeypatch.setattr(os, "write", real_write)
+    spool.wait(spool.append({"trace_id": "b"}), 5)
+    spool.close()
+    got = [r.get("trace_id") for seg in spool.segments() for r in read_segment(seg)[0]]
+    assert calls["n"] == 1 and got == [None, "a", "b"]  # header frame, then both acknowledged records
