@@ -10,6 +10,7 @@ import uvicorn
 
 from serve.app import create_app
 from serve.config import GatewayConfig
+from traces.spool import SpoolLocked
 
 
 def main() -> None:
@@ -19,8 +20,11 @@ def main() -> None:
     config = GatewayConfig.model_validate_json(Path(args.config).read_text())
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning",
-                access_log=False)
+    try:
+        app = create_app(config)  # replays what a previous process of this instance left
+    except SpoolLocked as exc:
+        raise SystemExit(f"gateway {config.instance_name!r} cannot start: {exc}") from None
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

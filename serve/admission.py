@@ -126,11 +126,13 @@ class Admission:
                 ledger.renew(res)
 
     def release(self, admitted: Admitted, model: str, usage: dict | None) -> None:
-        """End the lease; settle the budget at the real usage (worst case if unknown)."""
-        if admitted.lease is not None:
-            self.leases.settle(admitted.lease)
-        if admitted.budget is not None:
-            res = admitted.budget
+        """End the lease; settle the budget at the real usage. Idempotent: a second call (an
+        error path after the request was settled) changes nothing."""
+        lease, res = admitted.lease, admitted.budget
+        admitted.lease = admitted.budget = None
+        if lease is not None:
+            self.leases.settle(lease)
+        if res is not None:
             if usage:
                 pin, pout = self._price(model)
                 tin, tout = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0

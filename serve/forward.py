@@ -61,12 +61,22 @@ class Forwarder:
         self.http: httpx.AsyncClient | None = None
 
     async def durable(self, record: dict) -> None:
-        """Wait until the trace is fsync'd: a response is finished only after its record is.
-        A failing disk is logged, not turned into a failed request."""
+        """Store the trace of a request that fails anyway: a failing disk is logged, and the
+        client hears the request's own error."""
         try:
             await self.writer.write_async(record)
         except Exception:
             log.exception("trace %s could not be made durable", record.get("trace_id"))
+
+    async def acknowledge(self, record: dict) -> None:
+        """Wait until the trace of a successful response is fsync'd; a response is delivered
+        only after its record is, so a trace that cannot be stored fails the request (503)."""
+        try:
+            await self.writer.write_async(record)
+        except Exception as exc:
+            log.error("trace %s could not be made durable: %s", record.get("trace_id"), exc)
+            self.metrics.trace_store_errors.inc()
+            raise trace_store_unavailable(exc) from None
 
     def candidates(self, route: ModelRoute, session: str | None) -> list[str]:
         deps = [route.deployment] + [d for d in route.fallbacks if d != route.deployment]
@@ -172,8 +182,8 @@ class Forwarder:
         except APIError as err:
             await self.durable(capture.record(err.status, err.message))
             raise
-        await self.durable(capture.record(200))
-        self.admission.release(admitted, ctx.alias, data.get("usage"))
+        self.admission.release(admitted, ctx.alias, data.get("usage"))  # the engine did the work
+        await self.acknowledge(capture.record(200))
         self.metrics.served(ctx.alias, ctx.team, data.get("usage"))
         return rewrite.client_view(data, ctx.alias)
 
@@ -181,7 +191,7 @@ class Forwarder:
                      admitted: Admitted, tools: StreamTransformer | None):
         ctx = capture.ctx
         error: str | None = "client disconnected before the stream ended"
-        event, recorded = None, False
+        event, recorded, deployment_ok = None, False, False
         renewer = asyncio.create_task(self._renew(admitted))
         try:
             async for line in upstream.aiter_lines():
@@ -194,8 +204,14 @@ class Forwarder:
                 if data == "[DONE]":
                     if tools is not None:
                         capture.set_output(*tools.output())
-                    error, recorded = None, True
-                    await self.durable(capture.record(200))  # the client's [DONE] means "stored"
+                    recorded = deployment_ok = True  # whatever the trace store says now
+                    try:  # the client's [DONE] means "stored"
+                        await self.acknowledge(capture.record(200))
+                    except APIError as err:
+                        error = err.message
+                        yield f"data: {json.dumps(err.body())}\n\n"
+                        break
+                    error = None
                     yield "data: [DONE]\n\n"
                     break
                 obj = json.loads(data)
@@ -223,7 +239,8 @@ class Forwarder:
         finally:
             renewer.cancel()
             await upstream.aclose()
-            self.breakers.record(dep_name, error is None or "disconnected" in error or "tool call" in error)
+            self.breakers.record(dep_name, deployment_ok or error is None or "disconnected" in error
+                                 or "tool call" in error)
             if not recorded:
                 self.writer.submit(capture.record(200, error))
             self.admission.release(admitted, ctx.alias, capture.usage or None)
@@ -237,6 +254,12 @@ class Forwarder:
         while True:
             await asyncio.sleep(interval)
             self.admission.renew(admitted)
+
+
+def trace_store_unavailable(exc: BaseException) -> APIError:
+    return APIError(503, f"the trace store could not make this response durable ({exc}); it was not "
+                         "delivered: retry once the gateway's trace disk is writable again",
+                    type="server_error", code="trace_store_unavailable")
 
 
 def error_event(message: str) -> str:

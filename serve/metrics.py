@@ -9,6 +9,9 @@ class Metrics:
     def __init__(self):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("flywheel_requests", "requests answered", ["model", "team", "status"], registry=r)
+        self.trace_store_errors = Counter("flywheel_trace_store_errors",
+                                          "responses failed because their trace could not be stored",
+                                          registry=r)
         self.stream_errors = Counter("flywheel_stream_errors", "streams ended by an error event", ["model"], registry=r)
         self.tokens = Counter("flywheel_tokens", "tokens served", ["team", "kind"], registry=r)
         self.admission_wait = Histogram("flywheel_admission_wait_seconds", "time waiting for a lease",
