@@ -87,17 +87,18 @@ def down(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
 @app.command()
 def status(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
            as_json: bool = typer.Option(False, "--json", help="machine-readable output")):
-    """Each component's URL, PID and health."""
+    """Each component's URL, PID, health, restarts by the supervisor and last exit reason."""
     from deploy.launcher import status as stack_status
 
     rows = stack_status(_config(profile, set_))
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table("component", "pid", "url", "health")
+    table = Table("component", "pid", "url", "health", "restarts", "last exit")
     for r in rows:
         health = "[green]healthy[/]" if r["healthy"] else ("[yellow]starting[/]" if r["pid"] else "[red]down[/]")
-        table.add_row(r["name"], str(r["pid"] or "-"), r["url"] or "-", health)
+        table.add_row(r["name"], str(r["pid"] or "-"), r["url"] or "-", health, str(r["restarts"]),
+                      r["last_exit"] or "-")
     console.print(table)
 
 

@@ -27,9 +27,24 @@ class FrontendConfig(BaseModel):
     overlap_score_credit: float | None = Field(
         None, description="kv router: weight of cached prefix blocks against queued work (Dynamo's "
                           "default 1.0); higher keeps sessions on their cache under load")
+    migration_limit: int = Field(
+        3, ge=0, description="Dynamo request migration: a stream cut by a dying worker continues on "
+                             "another this many times (0 = off)")
     session_affinity_ttl_s: int | None = Field(
         None, description="kv router only: keep a session (x-dynamo-session-id, which the gateway sets "
                           "from X-Session-ID) on one worker while it is idle for less than this")
+
+
+class SupervisorConfig(BaseModel):
+    """The loop `flywheel up` leaves running: restarts crashed components and workers whose
+    discovery registration lapsed (deploy/supervisor.py)."""
+    enabled: bool = True
+    poll_s: float = Field(1.0, description="how often every component is looked at")
+    backoff_initial_s: float = Field(1.0, description="wait before the second restart in a row; doubles")
+    backoff_max_s: float = 30.0
+    stable_s: float = Field(60.0, description="up this long: the next crash restarts without backoff")
+    registration_grace_s: float = Field(3.0, description="a worker missing from the frontend's instances "
+                                                         "this long (after it was listed) is restarted")
 
 
 class WorkerConfig(BaseModel):
@@ -123,6 +138,7 @@ class StackConfig(BaseModel):
     gateway: GatewayConfig = GatewayConfig()
     redis: RedisConfig = RedisConfig()
     host_tier: HostTierConfig = HostTierConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
     cluster: ClusterConfig = ClusterConfig()
     start_timeout_s: float = 300.0
 

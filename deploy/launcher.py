@@ -2,7 +2,8 @@
 
 Order: Dynamo frontend (KV router, file discovery) -> dynamo.vllm workers -> gateway. Each step
 waits for health with a progress display; if a process dies, the launcher stops what it started
-and shows that process's log tail.
+and shows that process's log tail. `up` is idempotent (what runs is left alone) and leaves the
+supervisor running (deploy/supervisor.py), which restarts what crashes; `down` stops it first.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from deploy.config import StackConfig, mooncake_store_config
 from deploy.processes import Component, ProcessManager, StartError
+from deploy.supervisor import load_state, stack_lock
 
 console = Console(stderr=True)
 
@@ -81,6 +83,8 @@ def components(cfg: StackConfig) -> list[Component]:
 
 def _router_args(cfg: StackConfig) -> list[str]:
     f, args = cfg.frontend, []
+    if f.migration_limit:
+        args += ["--migration-limit", str(f.migration_limit)]
     if f.overlap_score_credit is not None:
         args += ["--router-kv-overlap-score-credit", str(f.overlap_score_credit)]
     if f.session_affinity_ttl_s is not None:
@@ -182,8 +186,17 @@ def ensure_model(cfg: StackConfig) -> None:
         make_tiny_model(cfg.model_path, seed=cfg.seed)
 
 
+def supervisor_component(cfg: StackConfig) -> Component:
+    path = cfg.run_dir / "stack.json"
+    path.write_text(cfg.model_dump_json(indent=2))
+    return Component(name="supervisor", argv=[sys.executable, "-m", "deploy.supervisor", "--config", str(path)],
+                     env={"PYTHONUNBUFFERED": "1"})
+
+
 def up(cfg: StackConfig) -> dict[str, float]:
-    """Start the stack; returns seconds each component took to become healthy."""
+    """Start what is not running and wait until every component is healthy; components that
+    already run are left alone, so `up` on a half-dead stack starts only what is missing. Then
+    the supervisor keeps them up. Returns seconds each component took to become healthy."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     ensure_model(cfg)
     pm = ProcessManager(cfg.run_dir)
@@ -191,21 +204,31 @@ def up(cfg: StackConfig) -> dict[str, float]:
     timings: dict[str, float] = {}
     started: list[str] = []
     try:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                      console=console, transient=False) as progress:
+        with stack_lock(cfg.run_dir), Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                console=console, transient=False) as progress:
             for comp in comps:
-                task = progress.add_task(f"starting {comp.name}", total=None)
                 t0 = time.monotonic()
-                pid = pm.start(comp)
-                started.append(comp.name)
+                pid = pm.pid(comp.name)
+                if pid is None:
+                    pm.stop(comp.name, timeout=5)  # whatever a dead one left of its process group
+                    task = progress.add_task(f"starting {comp.name}", total=None)
+                    pid = pm.start(comp)
+                    started.append(comp.name)
+                    verb = "ready"
+                else:
+                    task = progress.add_task(f"{comp.name} already running (pid {pid})", total=None)
+                    verb = "already running"
                 while not pm.check_ready(comp):
                     if time.monotonic() - t0 > cfg.start_timeout_s:
                         raise StartError(f"{comp.name} not healthy after {cfg.start_timeout_s:.0f} s; "
                                          f"see {pm.log_file(comp.name)}")
                     time.sleep(0.5)
                 timings[comp.name] = time.monotonic() - t0
-                progress.update(task, description=f"[green]{comp.name}[/] ready (pid {pid})",
+                progress.update(task, description=f"[green]{comp.name}[/] {verb} (pid {pid})",
                                 completed=1, total=1)
+            if cfg.supervisor.enabled and pm.pid("supervisor") is None:
+                pm.start(supervisor_component(cfg))
     except BaseException:
         for name in reversed(started):
             pm.stop(name)
@@ -214,14 +237,17 @@ def up(cfg: StackConfig) -> dict[str, float]:
 
 
 def down(cfg: StackConfig) -> list[str]:
+    """Stop the supervisor first (so it restarts nothing), then every component `up` started."""
     pm = ProcessManager(cfg.run_dir)
-    names = [c.name for c in reversed(components(cfg))]
+    names = ["supervisor"] + [c.name for c in reversed(components(cfg))]
     extra = [p.stem for p in cfg.run_dir.glob("*.pid") if p.stem not in names]
     return [n for n in names + extra if pm.stop(n)]
 
 
 def status(cfg: StackConfig) -> list[dict]:
+    """Each component's PID, URL, health, and what the supervisor did to it."""
     pm = ProcessManager(cfg.run_dir)
+    watched = load_state(cfg.run_dir)
     rows = []
     for comp in components(cfg):
         pid = pm.pid(comp.name)
@@ -232,6 +258,11 @@ def status(cfg: StackConfig) -> list[dict]:
             except StartError:
                 healthy = False
         url = comp.health_url.rsplit("/", 1)[0] if comp.health_url else None
+        seen = watched.get(comp.name, {})
         rows.append({"name": comp.name, "pid": pid, "url": url, "healthy": healthy,
+                     "restarts": seen.get("restarts", 0), "last_exit": seen.get("last_exit"),
                      "log": str(pm.log_file(comp.name))})
+    sup = pm.pid("supervisor")
+    rows.append({"name": "supervisor", "pid": sup, "url": None, "healthy": sup is not None,
+                 "restarts": 0, "last_exit": None, "log": str(pm.log_file("supervisor"))})
     return rows

@@ -46,10 +46,20 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
 class ProcessManager:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.children: dict[str, subprocess.Popen] = {}  # what this manager started, by name
 
     def pid_file(self, name: str) -> Path:
         return self.run_dir / f"{name}.pid"
@@ -57,12 +67,24 @@ class ProcessManager:
     def log_file(self, name: str) -> Path:
         return self.run_dir / f"{name}.log"
 
-    def pid(self, name: str) -> int | None:
+    def recorded_pid(self, name: str) -> int | None:
+        """The PID file's process, alive or not."""
         try:
-            pid = int(self.pid_file(name).read_text().split()[0])
+            return int(self.pid_file(name).read_text().split()[0])
         except (FileNotFoundError, ValueError, IndexError):
             return None
-        return pid if _alive(pid) else None
+
+    def pid(self, name: str) -> int | None:
+        pid = self.recorded_pid(name)
+        return pid if pid is not None and _alive(pid) else None
+
+    def exit_reason(self, name: str) -> str:
+        """Why a component's process is gone, as far as this manager can know."""
+        child = self.children.get(name)
+        if child is not None and child.poll() is not None:
+            return describe_exit(child.returncode)
+        last = log_tail(self.log_file(name), 1).strip()
+        return "process gone (exit status unknown)" + (f"; last log line: {last[:200]}" if last else "")
 
     def start(self, comp: Component) -> int:
         if self.pid(comp.name):
@@ -76,6 +98,7 @@ class ProcessManager:
         proc = subprocess.Popen(comp.argv, env={**os.environ, **comp.env}, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=self.run_dir)
+        self.children[comp.name] = proc
         self.pid_file(comp.name).write_text(f"{proc.pid}\n{json.dumps(comp.argv)}\n")
         return proc.pid
 
@@ -98,10 +121,17 @@ class ProcessManager:
         return r.status_code == 200
 
     def stop(self, name: str, timeout: float = 20.0) -> bool:
-        """SIGTERM the process group, SIGKILL after ``timeout``; True if something was stopped."""
-        pid = self.pid(name)
+        """SIGTERM the process group, SIGKILL after ``timeout``; True if something was stopped.
+        A group whose leader already died (a vLLM engine core outliving its API process) is
+        killed outright."""
+        pid = self.recorded_pid(name)
         self.pid_file(name).unlink(missing_ok=True)
         if pid is None:
+            return False
+        if not _alive(pid):
+            if _group_alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+            self._reap(name)
             return False
         _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -109,7 +139,16 @@ class ProcessManager:
             time.sleep(0.2)
         if _group_alive(pid):
             _signal_group(pid, signal.SIGKILL)
+        self._reap(name)
         return True
+
+    def _reap(self, name: str) -> None:
+        child = self.children.pop(name, None)
+        if child is not None:
+            try:
+                child.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def _alive(pid: int) -> bool:
@@ -133,14 +172,21 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
+def group_pids(pgid: int) -> list[int]:
+    """Live processes whose process group is ``pgid`` (a component and what it spawned)."""
+    pids = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().split(") ", 1)[1].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    return True
-            except (FileNotFoundError, IndexError, ValueError):
-                continue
-    return False
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(") ", 1)[1].split()
+        except (FileNotFoundError, IndexError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def _group_alive(pgid: int) -> bool:
+    return bool(group_pids(pgid))

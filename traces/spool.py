@@ -91,15 +91,14 @@ class SpoolLocked(SpoolError):
 
 
 def _lock(directory: Path) -> int:
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # read-only: an fd open for writing would keep the filesystem from being remounted read-only
+    fd = os.open(directory / LOCK_FILE, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise SpoolLocked(f"{directory} is in use by another process (pid in {directory / LOCK_FILE}); "
-                          "each writer needs its own instance name") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+        raise SpoolLocked(f"{directory} is in use by another live process; each writer needs its "
+                          "own instance name") from None
     return fd
 
 

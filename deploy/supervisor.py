@@ -1,0 +1,195 @@
+"""Keeps the local stack up: `flywheel up` starts this loop as one more process of the stack.
+
+Every ``poll_s`` it looks at each component `up` started and restarts, with exponential backoff:
+- a component whose process is gone (crashed, killed, OOM), whatever is left of its process
+  group killed first;
+- a worker that is alive but no longer registered with the frontend. Dynamo's file discovery
+  drops a worker whose keep-alive stalled past its 10 s TTL and never re-registers it (etcd's
+  lease loss ends the runtime instead), so such a worker would stay unreachable for good.
+  Which registered instance is which worker is read from the listening sockets: an instance's
+  request-plane address is a port its worker process group listens on.
+
+It and `flywheel up` serialise on ``stack.lock``, so a restart never races a start. What it did
+(restarts, last exit reason) goes to ``supervisor.json`` for `flywheel status`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from deploy.config import StackConfig
+from deploy.processes import Component, ProcessManager, StartError
+from deploy.sockets import group_listening_ports
+
+log = logging.getLogger("flywheel.supervisor")
+STATE_FILE = "supervisor.json"
+LOCK_FILE = "stack.lock"
+
+
+@contextmanager
+def stack_lock(run_dir: Path, blocking: bool = True):
+    """Held by `up` while it starts components and by the supervisor while it restarts one.
+    Yields False (and holds nothing) when ``blocking`` is off and someone else holds it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / LOCK_FILE, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@dataclass
+class Watch:
+    """What the supervisor knows of one component."""
+    restarts: int = 0
+    last_exit: str | None = None
+    last_restart: str | None = None
+    failures_in_a_row: int = 0       # restarts that did not stay up for stable_s
+    next_attempt: float = 0.0        # monotonic: not before this
+    started: float = 0.0             # monotonic time of the last (re)start
+    registered_once: bool = False    # a worker seen in the frontend's instance list
+    unlisted_since: float | None = None
+
+
+def registered_ports(frontend_url: str) -> set[int] | None:
+    """Request-plane ports of the instances the frontend can route to; None if it cannot say."""
+    try:
+        r = httpx.get(f"{frontend_url}/health", timeout=2)
+        instances = r.json().get("instances") or []
+    except (httpx.HTTPError, ValueError):
+        return None
+    ports = set()
+    for inst in instances:
+        addr = (inst.get("transport") or {}).get("tcp") or ""
+        host_port = addr.split("/", 1)[0]
+        if inst.get("endpoint") == "generate" and ":" in host_port:
+            ports.add(int(host_port.rsplit(":", 1)[1]))
+    return ports
+
+
+class Supervisor:
+    def __init__(self, cfg: StackConfig, comps: list[Component]):
+        self.cfg, self.sv = cfg, cfg.supervisor
+        self.comps = [c for c in comps if c.name != "supervisor"]
+        self.pm = ProcessManager(cfg.run_dir)
+        self.watch = {c.name: Watch(started=time.monotonic()) for c in self.comps}
+        for name, saved in load_state(cfg.run_dir).items():  # a restarted supervisor keeps counts
+            if name in self.watch:
+                self.watch[name].restarts = saved.get("restarts", 0)
+                self.watch[name].last_exit = saved.get("last_exit")
+                self.watch[name].last_restart = saved.get("last_restart")
+
+    def tick(self) -> None:
+        with stack_lock(self.cfg.run_dir, blocking=False) as held:
+            if not held:  # `flywheel up` is starting things: leave them to it
+                return
+            listed = None
+            for comp in self.comps:
+                w, now = self.watch[comp.name], time.monotonic()
+                if self.pm.pid(comp.name) is None:
+                    w.unlisted_since = None
+                    self._restart(comp, w, self.pm.exit_reason(comp.name), now)
+                    continue
+                if now - w.started > self.sv.stable_s:
+                    w.failures_in_a_row = 0
+                if comp.name.startswith("worker-"):
+                    if listed is None:
+                        listed = registered_ports(self.cfg.frontend_url) or set()
+                    self._check_registration(comp, w, listed, now)
+
+    def _check_registration(self, comp: Component, w: Watch, listed: set[int], now: float) -> None:
+        if not listed:  # the frontend is down or lists nobody: nothing to compare against
+            return
+        pid = self.pm.pid(comp.name)
+        if pid is not None and group_listening_ports(pid) & listed:
+            w.registered_once, w.unlisted_since = True, None
+            return
+        if not w.registered_once:  # still starting, or a role the frontend never lists
+            return
+        if w.unlisted_since is None:
+            w.unlisted_since = now
+        elif now - w.unlisted_since >= self.sv.registration_grace_s:
+            w.unlisted_since = None
+            self._restart(comp, w, "alive but no longer registered with the frontend "
+                                   "(its discovery keep-alive lapsed)", now, stop_first=True)
+
+    def _restart(self, comp: Component, w: Watch, reason: str, now: float, stop_first: bool = False) -> None:
+        if now < w.next_attempt:
+            return
+        if w.last_exit != reason:
+            log.warning("%s: %s; restarting", comp.name, reason)
+        w.last_exit = reason
+        self.pm.stop(comp.name, timeout=5 if stop_first else 0)  # and any leftovers of its group
+        w.failures_in_a_row += 1
+        w.next_attempt = now + min(self.sv.backoff_initial_s * 2 ** (w.failures_in_a_row - 1),
+                                   self.sv.backoff_max_s)
+        try:
+            self.pm.start(comp)
+        except StartError as exc:
+            w.last_exit = f"{reason}; restart failed: {exc}"
+            log.warning("%s: %s", comp.name, w.last_exit)
+        else:
+            w.restarts += 1
+            w.started, w.registered_once = time.monotonic(), False
+            w.last_restart = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self._save()
+
+    def _save(self) -> None:
+        state = {name: {k: v for k, v in asdict(w).items() if k in ("restarts", "last_exit", "last_restart")}
+                 for name, w in self.watch.items()}
+        tmp = self.cfg.run_dir / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.cfg.run_dir / STATE_FILE)
+
+    def run(self, stop: threading.Event) -> None:
+        self._save()
+        while not stop.wait(self.sv.poll_s):
+            try:
+                self.tick()
+            except Exception:  # one bad look must not end the supervision
+                log.exception("supervisor tick failed")
+
+
+def load_state(run_dir: Path) -> dict:
+    """What the supervisor recorded per component (restarts, last exit reason, last restart)."""
+    try:
+        return json.loads((run_dir / STATE_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Flywheel stack supervisor")
+    parser.add_argument("--config", required=True, help="resolved StackConfig as JSON")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health look is noise
+    cfg = StackConfig.model_validate_json(Path(args.config).read_text())
+    from deploy.launcher import components
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    Supervisor(cfg, components(cfg)).run(stop)
+
+
+if __name__ == "__main__":
+    main()
