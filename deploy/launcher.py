@@ -20,7 +20,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from deploy.config import StackConfig, mooncake_store_config
 from deploy.processes import Component, ProcessManager, StartError
-from deploy.supervisor import load_state, stack_lock
+from deploy.supervisor import STATE_FILE, load_state, stack_lock
 
 console = Console(stderr=True)
 
@@ -241,7 +241,9 @@ def down(cfg: StackConfig) -> list[str]:
     pm = ProcessManager(cfg.run_dir)
     names = ["supervisor"] + [c.name for c in reversed(components(cfg))]
     extra = [p.stem for p in cfg.run_dir.glob("*.pid") if p.stem not in names]
-    return [n for n in names + extra if pm.stop(n)]
+    stopped = [n for n in names + extra if pm.stop(n)]
+    (cfg.run_dir / STATE_FILE).unlink(missing_ok=True)  # the next `up` starts counting afresh
+    return stopped
 
 
 def status(cfg: StackConfig) -> list[dict]:
