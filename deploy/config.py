@@ -175,6 +175,8 @@ class StackConfig(BaseModel):
             gw.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
         if gw.keys_file is None:
             gw.keys_file = str(self.home_path / "keys.json")
+        if gw.routes_file is None:
+            gw.routes_file = str(self.home_path / "routes.json")
         if not gw.deployments:
             gw.deployments = [Deployment(
                 name="local", url=self.frontend_url,

@@ -91,6 +91,11 @@ class ProcessManager:
             raise StartError(f"{comp.name} is already running (pid {self.pid(comp.name)}); "
                              "run `flywheel down` first")
         for port in comp.ports:
+            # a killed multi-threaded process shows as a zombie before its last thread has let
+            # go of its sockets: give a just-stopped component a moment
+            deadline = time.monotonic() + 5
+            while port_in_use(port) and time.monotonic() < deadline:
+                time.sleep(0.1)
             if port_in_use(port):
                 raise StartError(f"{comp.name}: port {port} on 127.0.0.1 is already in use; "
                                  "stop what holds it or choose another port in the profile")

@@ -6,7 +6,9 @@ deployment choice, failover, capture); see that module for a request's whole way
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,20 +28,22 @@ from serve.errors import APIError, install_error_handlers, invalid_request
 from serve.forward import Forwarder
 from serve.keys import KeyStore
 from serve.metrics import Metrics
+from serve.routes import RouteTable
 from serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
                             generate_response)
 from serve.shared_state import SharedState
 from traces.writer import TraceWriter
 
+log = logging.getLogger(__name__)
 REQUEST_MODELS = {"chat": ChatCompletionRequest, "text_completion": CompletionRequest}
 
 
 def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> FastAPI:
     writer = writer or TraceWriter(config.traces_dir, config.instance_name,
                                    config.trace_flush_batch, config.trace_flush_age_s)
-    routes: dict[str, ModelRoute] = dict(config.models)
     keys = KeyStore(config.keys_file) if config.keys_file else None
     state = SharedState(config.redis_url)
+    routes = RouteTable(config.models, state, config.routes_file)
     admission = Admission(config, state)
     breakers = Breakers(state, config.breaker)
     metrics = Metrics()
@@ -53,7 +57,10 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
         app.state.http = forwarder.http = httpx.AsyncClient(
             timeout=httpx.Timeout(config.upstream_timeout_s, connect=5), limits=limits)
+        follower = asyncio.create_task(_follow_routes(routes, config.routes_poll_s)) if config.redis_url else None
         yield
+        if follower is not None:
+            follower.cancel()
         await app.state.http.aclose()
         writer.close()
 
@@ -142,6 +149,16 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         return JSONResponse(result, headers=headers)
 
     return app
+
+
+async def _follow_routes(routes: RouteTable, poll_s: float) -> None:
+    """Take up alias changes made through other replicas."""
+    while True:
+        await asyncio.sleep(poll_s)
+        try:
+            await asyncio.to_thread(routes.refresh)
+        except Exception:  # a bad poll must not end the following
+            log.exception("could not refresh the alias table")
 
 
 async def _json_body(request: Request) -> Any:

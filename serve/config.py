@@ -66,7 +66,11 @@ class GatewayConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     deployments: list[Deployment] = Field(default_factory=list)
-    models: dict[str, ModelRoute] = Field(default_factory=dict, description="alias -> route")
+    models: dict[str, ModelRoute] = Field(default_factory=dict, description="alias -> route (the start "
+                                          "value; once an alias moves, routes_file and Redis hold the table)")
+    routes_file: str | None = Field(None, description="where the alias table is kept across restarts")
+    routes_poll_s: float = Field(0.2, description="with Redis: how often a replica looks for alias "
+                                                  "changes made through another")
     traces_dir: str = "traces"
     instance: str | None = Field(None, description="this replica's name; names its trace spool "
                                  "(must be stable across restarts); default gateway-<port>")

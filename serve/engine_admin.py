@@ -11,6 +11,8 @@ use a LoRA, or a blue-green deployment of the full checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
+
 import asyncio
 from pathlib import Path
 from typing import Callable
@@ -75,7 +77,7 @@ async def _wait_listed(http: httpx.AsyncClient, dep: Deployment, name: str, pres
         await asyncio.sleep(0.1)
 
 
-def router(config: GatewayConfig, routes: dict[str, ModelRoute],
+def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
            require_admin: Callable[[Request], None]) -> APIRouter:
     api = APIRouter()
 

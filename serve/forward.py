@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
+
 import asyncio
 import json
 import logging
@@ -53,7 +55,7 @@ class _Retryable(Exception):
 
 
 class Forwarder:
-    def __init__(self, config: GatewayConfig, routes: dict[str, ModelRoute], writer: TraceWriter,
+    def __init__(self, config: GatewayConfig, routes: MutableMapping[str, ModelRoute], writer: TraceWriter,
                  admission: Admission, breakers: Breakers, affinity: Affinity, metrics: Metrics):
         self.config, self.routes, self.writer = config, routes, writer
         self.admission, self.breakers, self.affinity, self.metrics = admission, breakers, affinity, metrics

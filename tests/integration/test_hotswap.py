@@ -64,16 +64,24 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
         for t in workers:
             t.join()
 
+    def wait_for_answers(n: int) -> None:  # counts, not rates: a slow machine just takes longer
+        deadline = time.monotonic() + 120
+        while len(results) < n:
+            assert time.monotonic() < deadline, f"only {len(results)} of {n} requests answered"
+            time.sleep(0.05)
+
     loader = threading.Thread(target=load)
     loader.start()
-    time.sleep(2)
-    swap.deploy("tiny", version)
-    time.sleep(2)
-    stop.set()
-    loader.join()
+    try:
+        wait_for_answers(20)              # traffic before the swap...
+        swap.deploy("tiny", version)
+        wait_for_answers(len(results) + 20)  # ...and after it
+    finally:
+        stop.set()
+        loader.join()
 
     failed = [r for r in results if not isinstance(r, httpx.Response) or r.status_code != 200]
-    assert not failed and len(results) >= 40, (len(results), failed[:3])  # ~20 req/s for 4 s
+    assert not failed, (len(results), failed[:3])
 
     store = TraceStore(stack.traces_path)
     deadline = time.monotonic() + 15
