@@ -1,0 +1,88 @@
+"""How soon a response's trace row can be queried by SQL, under steady load.
+
+    .venv/bin/flywheel up -p sim && .venv/bin/python -m deploy.bench.freshness [--rate 100 --seconds 20]
+
+Open-loop unary requests through the gateway at a fixed rate; a reader polls the store (a new
+``TraceStore`` per look, as `flywheel sql` and `/v1/traces/query` open one) for the trace ids
+that came back. Freshness of a row = the time it was first seen by SQL minus the time its
+response arrived. Prints p50 / p99 / max and how many rows were never seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+
+from deploy.bench import pct
+from deploy.config import load_config
+from traces.store import TraceStore
+
+
+async def load(gateway: str, rate: float, seconds: float, answered: dict[str, float]) -> int:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    errors = 0
+
+    async def one(client: httpx.AsyncClient) -> None:
+        nonlocal errors
+        try:
+            r = await client.post(f"{gateway}/v1/chat/completions", json=body)
+        except httpx.HTTPError:
+            errors += 1
+            return
+        if r.status_code == 200:
+            answered[r.headers["x-trace-id"]] = time.monotonic()
+        else:
+            errors += 1
+
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1000)) as client:
+        tasks, n, start = [], int(rate * seconds), time.monotonic()
+        for i in range(n):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(client)))
+        await asyncio.gather(*tasks)
+    return errors
+
+
+def watch(root, answered: dict[str, float], seen: dict[str, float], stop: threading.Event) -> None:
+    while not stop.is_set():
+        ids = TraceStore(root).sql("SELECT trace_id FROM traces WHERE time_received > now() - INTERVAL 10 MINUTE")
+        now = time.monotonic()
+        for tid in ids.column("trace_id").to_pylist():
+            if tid in answered and tid not in seen:
+                seen[tid] = now
+        time.sleep(0.05)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", default="sim")
+    ap.add_argument("--rate", type=float, default=100)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--grace", type=float, default=10, help="seconds to keep looking after the load")
+    args = ap.parse_args()
+    cfg = load_config(args.profile)
+    gw = cfg.resolved_gateway()
+    answered, seen, stop = {}, {}, threading.Event()
+    reader = threading.Thread(target=watch, args=(cfg.traces_path, answered, seen, stop), daemon=True)
+    reader.start()
+    errors = asyncio.run(load(f"http://{gw.host}:{gw.port}", args.rate, args.seconds, answered))
+    deadline = time.monotonic() + args.grace
+    while len(seen) < len(answered) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    lag = sorted(seen[t] - answered[t] for t in seen)
+    print(json.dumps({"rate": args.rate, "seconds": args.seconds, "answered": len(answered), "errors": errors,
+                      "never_seen": len(answered) - len(seen),
+                      "freshness_s": {"p50": round(pct(lag, 0.5), 3), "p99": round(pct(lag, 0.99), 3),
+                                      "max": round(lag[-1], 3) if lag else None}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
