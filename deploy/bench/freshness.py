@@ -65,9 +65,10 @@ def main() -> None:
     ap.add_argument("--profile", default="sim")
     ap.add_argument("--rate", type=float, default=100)
     ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="config key=value, as for up")
     ap.add_argument("--grace", type=float, default=10, help="seconds to keep looking after the load")
     args = ap.parse_args()
-    cfg = load_config(args.profile)
+    cfg = load_config(args.profile, args.overrides)
     gw = cfg.resolved_gateway()
     answered, seen, stop = {}, {}, threading.Event()
     reader = threading.Thread(target=watch, args=(cfg.traces_path, answered, seen, stop), daemon=True)
@@ -77,6 +78,7 @@ def main() -> None:
     while len(seen) < len(answered) and time.monotonic() < deadline:
         time.sleep(0.1)
     stop.set()
+    reader.join()
     lag = sorted(seen[t] - answered[t] for t in seen)
     print(json.dumps({"rate": args.rate, "seconds": args.seconds, "answered": len(answered), "errors": errors,
                       "never_seen": len(answered) - len(seen),
