@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from serve.errors import APIError
 from traces.guard import QueryRefused
-from traces.store import TraceStore
+from traces.store import SnapshotGone, TraceStore
 
 
 class QueryRequest(BaseModel):
@@ -27,17 +27,24 @@ class QueryRequest(BaseModel):
 
 
 def _run(root: str, team: str | None, req: QueryRequest, timeout_s: float) -> dict:
-    store = TraceStore(root, team=team, sandbox=True, threads=1)
-    timer = threading.Timer(timeout_s, store.con.interrupt)
-    timer.start()
     try:
-        table = store.sql(req.sql)
-    finally:
-        timer.cancel()
+        table = _query(root, team, req.sql, timeout_s)
+    except SnapshotGone:  # housekeeping removed a file under us: one more try on a new snapshot
+        table = _query(root, team, req.sql, timeout_s)
     rows = table.slice(0, req.max_rows).to_pylist()
     return {"columns": table.column_names, "rows": [list(r.values()) for r in rows],
             "row_count": table.num_rows, "truncated": table.num_rows > req.max_rows,
             "scope": team or "all"}
+
+
+def _query(root: str, team: str | None, sql: str, timeout_s: float):
+    store = TraceStore(root, team=team, sandbox=True, threads=1)
+    timer = threading.Timer(timeout_s, store.con.interrupt)
+    timer.start()
+    try:
+        return store.sql(sql)
+    finally:
+        timer.cancel()
 
 
 def router(traces_dir: str, authenticate, timeout_s: float = 30.0) -> APIRouter:

@@ -35,14 +35,19 @@ def data_files(part: Path) -> list[Path]:
 
 
 def visible_files(part: Path) -> list[Path]:
-    """The partition's files a reader should see (mid-compaction inputs excluded)."""
+    """The partition's files a reader should see: mid-compaction inputs are hidden once the
+    output is among the files listed. Listing first and reading the journal second is what
+    makes this safe without a lock: a journal is removed only after its inputs are gone, so an
+    input listed beside its output is either hidden here or already deleted (and the query that
+    would read it fails and is retried, see ``TraceStore.sql``); it is never read twice."""
     files = data_files(part)
-    journal = part / JOURNAL
-    if journal.exists():
-        j = json.loads(journal.read_text())
-        if (part / j["output"]).exists():
-            hidden = set(j["inputs"])
-            files = [f for f in files if f.name not in hidden]
+    try:
+        j = json.loads((part / JOURNAL).read_text())
+    except (FileNotFoundError, ValueError):
+        return files
+    if j["output"] in {f.name for f in files}:
+        hidden = set(j["inputs"])
+        files = [f for f in files if f.name not in hidden]
     return files
 
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from traces.feedback import FEEDBACK_DIR, FEEDBACK_SCHEMA
 from traces.guard import check_select
-from traces.housekeeping import JOURNAL, partitions, visible_files
+from traces.housekeeping import partitions, visible_files
 from traces.prefix import reconstruct_prompts
 from traces.schema import TRACE_SCHEMA
 
@@ -102,16 +102,16 @@ class TraceStore:
         if getattr(self, "_locked", False):
             raise RuntimeError("a sandboxed store is fixed at creation; open a new one")
         sources = []
-        for layout in LAYOUTS:
-            if next(self.root.glob(layout), None) is None:
-                continue
-            files = _sql_str(str(self.root / layout))
-            if layout == LAYOUTS[0] and next(self.root.glob(f"date=*/model=*/{JOURNAL}"), None):
-                # mid-compaction: list files explicitly so no row is read twice
-                files = "[" + ", ".join(_sql_str(str(f)) for part in partitions(self.root)
-                                        for f in visible_files(part)) + "]"
-            sources.append(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, "
-                           f"union_by_name = true)")
+        # The current layout is bound as an explicit list of files, so every query of this
+        # snapshot reads the same files: a glob would be expanded again at each query and could
+        # see a compaction's output beside its inputs.
+        current = [f for part in partitions(self.root) for f in visible_files(part)]
+        if current:
+            files = "[" + ", ".join(_sql_str(str(f)) for f in current) + "]"
+            sources.append(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true)")
+        if next(self.root.glob(LAYOUTS[1]), None) is not None:  # never compacted: a glob is fine
+            sources.append(f"SELECT * FROM read_parquet({_sql_str(str(self.root / LAYOUTS[1]))}, "
+                           f"hive_partitioning = true, union_by_name = true)")
         if sources:
             raw = " UNION ALL BY NAME ".join(sources)
         else:  # a glob that matches nothing is an error in DuckDB: serve an empty, typed view
@@ -155,7 +155,19 @@ class TraceStore:
         return self.con.sql(query)
 
     def sql(self, query: str) -> pa.Table:
-        """Run a query and return the result as an Arrow table."""
+        """Run a query over this store's snapshot (its last ``refresh``) and return an Arrow
+        table. If housekeeping removed a file of the snapshot meanwhile (a compaction's inputs,
+        an expired day), an unlocked store takes a new snapshot and runs the query once more;
+        a sandboxed one raises :class:`SnapshotGone` (open a new store)."""
+        try:
+            rel = self.relation(query)
+            return rel.to_arrow_table() if rel is not None else pa.table({})
+        except duckdb.IOException as exc:
+            if not _file_gone(exc):
+                raise
+            if getattr(self, "_locked", False):
+                raise SnapshotGone(str(exc)) from None
+        self.refresh()
         rel = self.relation(query)
         return rel.to_arrow_table() if rel is not None else pa.table({})
 
@@ -185,6 +197,15 @@ class TraceStore:
             rows.update({r["trace_id"]: r for r in more.to_pylist()})
         full = reconstruct_prompts(rows)
         return {t: full[t] for t in trace_ids if t in full}
+
+
+class SnapshotGone(RuntimeError):
+    """A file of a sandboxed store's snapshot was removed by housekeeping; open a new store."""
+
+
+def _file_gone(exc: duckdb.IOException) -> bool:
+    text = str(exc)
+    return "No such file" in text or "No files found" in text or "Cannot open file" in text
 
 
 def _duck_type(t: pa.DataType) -> str:

@@ -72,3 +72,34 @@ def test_doctor_reports_backlog_versions_and_unreadable_files(tmp_path):
     assert r["schema_versions"] == {"2": 2} and r["rows"] == 10
     assert len(r["unreadable"]) == 1 and "broken.parquet" in r["unreadable"][0]
     writer.close()
+
+
+def test_every_query_reads_one_snapshot_while_a_compaction_runs(tmp_path, monkeypatch):
+    import os
+    import threading
+
+    from traces import housekeeping
+
+    fill(tmp_path, 4)  # 4 files, 20 rows
+    before = TraceStore(tmp_path)
+    paused, go, real_replace = threading.Event(), threading.Event(), os.replace
+
+    def rename_then_pause(src, dst):
+        real_replace(src, dst)
+        if "compact-" in str(dst):  # the output is in place, the inputs are not deleted yet
+            paused.set()
+            go.wait(10)
+
+    monkeypatch.setattr(housekeeping.os, "replace", rename_then_pause)
+    worker = threading.Thread(target=compact, args=(tmp_path,))
+    worker.start()
+    try:
+        assert paused.wait(10)
+        n = "SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces"
+        assert before.sql(n).to_pylist() == [{"n": 20, "d": 20}]             # its snapshot: the inputs
+        assert TraceStore(tmp_path).sql(n).to_pylist() == [{"n": 20, "d": 20}]  # now: the output
+    finally:
+        go.set()
+        worker.join()
+    # the inputs of the old snapshot are gone: the store takes a new one instead of failing
+    assert before.sql(n).to_pylist() == [{"n": 20, "d": 20}]
