@@ -18,6 +18,7 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from deploy.adapters import reload_adapters
 from deploy.config import StackConfig, mooncake_store_config
 from deploy.processes import Component, ProcessManager, StartError
 from deploy.supervisor import STATE_FILE, load_state, stack_lock
@@ -227,6 +228,7 @@ def up(cfg: StackConfig) -> dict[str, float]:
                 timings[comp.name] = time.monotonic() - t0
                 progress.update(task, description=f"[green]{comp.name}[/] {verb} (pid {pid})",
                                 completed=1, total=1)
+            _reload_adapters(cfg, [n for n in started if n.startswith("worker-")])
             if cfg.supervisor.enabled and pm.pid("supervisor") is None:
                 pm.start(supervisor_component(cfg))
     except BaseException:
@@ -234,6 +236,18 @@ def up(cfg: StackConfig) -> dict[str, float]:
             pm.stop(name)
         raise
     return timings
+
+
+def _reload_adapters(cfg: StackConfig, workers: list[str]) -> None:
+    """Workers this `up` started have no adapters; the persisted alias table may name some."""
+    for name in workers:
+        try:
+            loaded = reload_adapters(cfg, int(name.removeprefix("worker-")))
+        except (RuntimeError, httpx.HTTPError, ValueError) as exc:
+            console.print(f"[yellow]{name}: could not load the alias table's adapters:[/] {exc}")
+            continue
+        if loaded:
+            console.print(f"{name}: loaded adapters {', '.join(loaded)} (named by the alias table)")
 
 
 def down(cfg: StackConfig) -> list[str]:

@@ -8,6 +8,7 @@ Every ``poll_s`` it looks at each component `up` started and restarts, with expo
   lease loss ends the runtime instead), so such a worker would stay unreachable for good.
   Which registered instance is which worker is read from the listening sockets: an instance's
   request-plane address is a port its worker process group listens on.
+A restarted worker, once registered, loads again the LoRA adapters the alias table names.
 
 It and `flywheel up` serialise on ``stack.lock``, so a restart never races a start. What it did
 (restarts, last exit reason) goes to ``supervisor.json`` for `flywheel status`.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from deploy.adapters import reload_adapters
 from deploy.config import StackConfig
 from deploy.processes import Component, ProcessManager, StartError
 from deploy.sockets import group_listening_ports
@@ -66,6 +68,7 @@ class Watch:
     next_attempt: float = 0.0        # monotonic: not before this
     started: float = 0.0             # monotonic time of the last (re)start
     registered_once: bool = False    # a worker seen in the frontend's instance list
+    adapters_pending: bool = False   # a restarted worker still has to load the table's LoRAs
     unlisted_since: float | None = None
 
 
@@ -121,6 +124,8 @@ class Supervisor:
         pid = self.pm.pid(comp.name)
         if pid is not None and group_listening_ports(pid) & listed:
             w.registered_once, w.unlisted_since = True, None
+            if w.adapters_pending:
+                self._reload_adapters(comp, w)
             return
         if not w.registered_once:  # still starting, or a role the frontend never lists
             return
@@ -130,6 +135,16 @@ class Supervisor:
             w.unlisted_since = None
             self._restart(comp, w, "alive but no longer registered with the frontend "
                                    "(its discovery keep-alive lapsed)", now, stop_first=True)
+
+    def _reload_adapters(self, comp: Component, w: Watch) -> None:
+        try:
+            names = reload_adapters(self.cfg, int(comp.name.removeprefix("worker-")))
+        except (RuntimeError, httpx.HTTPError, ValueError) as exc:  # tried again next look
+            log.warning("%s: adapters not loaded yet: %s", comp.name, exc)
+            return
+        w.adapters_pending = False
+        if names:
+            log.info("%s: loaded adapters %s again", comp.name, ", ".join(names))
 
     def _restart(self, comp: Component, w: Watch, reason: str, now: float, stop_first: bool = False) -> None:
         if now < w.next_attempt:
@@ -149,6 +164,7 @@ class Supervisor:
         else:
             w.restarts += 1
             w.started, w.registered_once = time.monotonic(), False
+            w.adapters_pending = comp.name.startswith("worker-")
             w.last_restart = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self._save()
 

@@ -9,6 +9,8 @@ pointed at when it arrived.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
 from feedback.registry import BASE, Registry
@@ -48,9 +50,10 @@ class HotSwap:
         return name
 
     def point(self, alias: str, version: str) -> None:
+        lora_path = None if version == BASE else str(Path(self.registry.get(version).path).resolve())
         self._post(f"/admin/models/{alias}", {
             "deployment": self.deployment, "upstream_model": self.upstream_name(alias, version),
-            "checkpoint_version": version}, method="PUT")
+            "checkpoint_version": version, "lora_path": lora_path}, method="PUT")
 
     def reset(self, alias: str) -> None:
         """Serve the base model under ``alias`` and record that as the new starting point."""

@@ -24,6 +24,8 @@ class ModelRoute(BaseModel):
                                  description="deployments serving the same model, tried in order on failure")
     upstream_model: str = Field(description="model name the deployment serves (base or LoRA)")
     checkpoint_version: str = "base"
+    lora_path: str | None = Field(None, description="the adapter's directory when upstream_model is a "
+                                                    "LoRA, so a restarted worker can load it again")
 
 
 class ToolsConfig(BaseModel):

@@ -25,6 +25,14 @@ from serve.config import Deployment, GatewayConfig, ModelRoute
 from serve.errors import APIError, invalid_request
 
 
+LORA_ROUTE = "/v1/loras"  # Dynamo's LoRA route on a worker's system status server
+
+
+def lora_load_body(name: str, path: str) -> dict:
+    """What a Dynamo worker's ``POST /v1/loras`` takes to load the adapter in ``path``."""
+    return {"lora_name": name, "source": {"uri": Path(path).as_uri()}}
+
+
 class LoadLora(BaseModel):
     lora_name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._@:/-]+$")
     lora_path: str = Field(min_length=1)
@@ -97,11 +105,12 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
                            param="lora_path")
         dep = deployment(req.deployment)
         http = request.app.state.http
-        body = {"lora_name": req.lora_name, "source": {"uri": Path(req.lora_path).resolve().as_uri()}}
-        await _on_workers(http, dep, "POST", "/v1/loras", body)
+        path = str(Path(req.lora_path).resolve())
+        await _on_workers(http, dep, "POST", LORA_ROUTE, lora_load_body(req.lora_name, path))
         await _wait_listed(http, dep, req.lora_name, present=True)
         routes[req.lora_name] = ModelRoute(deployment=dep.name, upstream_model=req.lora_name,
-                                           checkpoint_version=req.checkpoint_version or req.lora_name)
+                                           checkpoint_version=req.checkpoint_version or req.lora_name,
+                                           lora_path=path)
         return {"status": "success", "lora_name": req.lora_name, "workers": len(dep.admin_urls)}
 
     @api.post("/unload_lora_adapter")

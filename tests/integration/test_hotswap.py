@@ -113,3 +113,40 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
     assert r.status_code == 200
     models = {m["id"]: m["checkpoint_version"] for m in httpx.get(f"{url}/v1/models").json()["data"]}
     assert models["tiny"] == BASE
+
+
+def test_a_killed_worker_comes_back_by_itself_with_the_adapter_its_alias_serves(stack, tmp_path):
+    import os
+    import signal
+
+    from deploy.processes import ProcessManager
+
+    gw = stack.resolved_gateway()
+    url = f"http://{gw.host}:{gw.port}"
+    registry = Registry(stack.home_path / "checkpoints.json")
+    swap = HotSwap(url, gw.admin_key, registry, gw.deployments[0].name, "tiny")
+    rows = [{"prompt_token_ids": list(range(10, 40)), "completion_token_ids": [500, 501, 502, 503]}] * 4
+    ckpt = train_lora(stack.model_path, rows, tmp_path / "lora", TrainConfig(steps=3, lr=1e-2))
+    version = f"survivor-{int(time.time())}"
+    registry.register(version, "lora", ckpt, str(stack.model_path))
+    swap.deploy("tiny-survivor", version)
+
+    def serves(model: str) -> bool:
+        try:
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                           json={"model": model, "messages": PROMPT, "max_tokens": 2})
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    assert serves("tiny-survivor")
+    pm = ProcessManager(stack.run_dir)
+    victim = pm.pid("worker-0")
+    os.killpg(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    # no command: the supervisor restarts the worker, which loads the alias's adapter again
+    while not (pm.pid("worker-0") not in (None, victim) and serves("tiny-survivor")):
+        assert time.monotonic() - t0 < 240, "the killed vLLM worker did not come back serving its adapter"
+        time.sleep(1)
+    print(f"\nvLLM worker killed -> serving its LoRA alias again in {time.monotonic() - t0:.0f} s")
+    assert serves("tiny")
