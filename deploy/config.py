@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from serve.config import Deployment, GatewayConfig, ModelRoute
+from serve.secret_files import write_private
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 
@@ -187,17 +188,28 @@ class StackConfig(BaseModel):
         return gw
 
 
-    def admin_key(self) -> str:
-        """The gateway's admin key: from the profile, else one generated per run dir."""
+    @property
+    def admin_key_file(self) -> Path:
+        return self.run_dir / "admin.key"
+
+    def admin_key(self) -> str | None:
+        """The gateway's admin key: from the profile, else the run dir's (None before the first
+        `up` made one: reading the configuration writes nothing)."""
         if self.gateway.admin_key:
             return self.gateway.admin_key
-        path = self.run_dir / "admin.key"
-        if not path.exists():
+        try:
+            return self.admin_key_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def ensure_admin_key(self) -> str:
+        """The admin key, generated for this run dir (mode 0600 from the first byte) if none."""
+        key = self.admin_key()
+        if key is None:
             import secrets
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(secrets.token_urlsafe(24))
-            path.chmod(0o600)
-        return path.read_text().strip()
+            key = secrets.token_urlsafe(24)
+            write_private(self.admin_key_file, key)
+        return key
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

@@ -60,11 +60,12 @@ def plot_rewards(history: list[float], path: Path) -> None:
 def _demo_key(cfg: StackConfig) -> str:
     """A key for team 'demo', created once per home, so the demo's traces are attributed."""
     from serve.keys import KeyStore
+    from serve.secret_files import write_private
 
     path = cfg.run_dir / "demo.key"
     if not path.exists():
         _, key = KeyStore(cfg.resolved_gateway().keys_file).create("demo", "flywheel demo")
-        path.write_text(key)
+        write_private(path, key)
     return path.read_text().strip()
 
 

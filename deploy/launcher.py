@@ -22,6 +22,7 @@ from deploy.adapters import reload_adapters
 from deploy.config import StackConfig, mooncake_store_config
 from deploy.processes import Component, ProcessManager, StartError
 from deploy.supervisor import STATE_FILE, load_state, stack_lock
+from serve.secret_files import write_private
 
 console = Console(stderr=True)
 
@@ -74,7 +75,7 @@ def components(cfg: StackConfig) -> list[Component]:
         comps.append(_mocker(cfg, i, env) if w.engine == "mocker" else _vllm_worker(cfg, i, env))
     gw = cfg.resolved_gateway()
     gw_path = cfg.run_dir / "gateway.json"
-    gw_path.write_text(gw.model_dump_json(indent=2))
+    write_private(gw_path, gw.model_dump_json(indent=2))  # it holds the admin key
     comps.append(Component(
         name="gateway", argv=[py, "-m", "serve", "--config", str(gw_path)],
         env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
@@ -189,7 +190,7 @@ def ensure_model(cfg: StackConfig) -> None:
 
 def supervisor_component(cfg: StackConfig) -> Component:
     path = cfg.run_dir / "stack.json"
-    path.write_text(cfg.model_dump_json(indent=2))
+    write_private(path, cfg.model_dump_json(indent=2))
     return Component(name="supervisor", argv=[sys.executable, "-m", "deploy.supervisor", "--config", str(path)],
                      env={"PYTHONUNBUFFERED": "1"})
 
@@ -199,6 +200,7 @@ def up(cfg: StackConfig) -> dict[str, float]:
     already run are left alone, so `up` on a half-dead stack starts only what is missing. Then
     the supervisor keeps them up. Returns seconds each component took to become healthy."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.ensure_admin_key()
     ensure_model(cfg)
     pm = ProcessManager(cfg.run_dir)
     comps = components(cfg)

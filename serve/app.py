@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from serve import engine_admin, feedback_api, trace_query
 from serve.admission import Admission
 from serve.affinity import Affinity
-from serve.auth import Caller, authenticate
+from serve.auth import Caller, authenticate, require_admin
 from serve.breaker import STATE_CODES, Breakers
 from serve.capture import RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute
@@ -69,7 +69,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     install_error_handlers(app)
     app.include_router(trace_query.router(config.traces_dir, caller_of, config.query_timeout_s))
     app.include_router(feedback_api.router(config.traces_dir, caller_of))
-    app.include_router(engine_admin.router(config, routes, lambda r: _require_admin(r, config)))
+    app.include_router(engine_admin.router(config, routes, lambda r: require_admin(r, config)))
 
     @app.get("/health")
     async def health():
@@ -120,13 +120,13 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
 
     @app.get("/admin/models")
     async def admin_models(request: Request):
-        _require_admin(request, config)
+        require_admin(request, config)
         return {alias: r.model_dump() for alias, r in routes.items()}
 
     @app.put("/admin/models/{alias}")
     async def admin_set_model(alias: str, request: Request):
         """Point an alias at a deployment's model (a base model or a loaded LoRA)."""
-        _require_admin(request, config)
+        require_admin(request, config)
         route = ModelRoute.model_validate(await _json_body(request))
         for name in [route.deployment, *route.fallbacks]:
             try:
@@ -185,9 +185,3 @@ def _context(request: Request, operation: str, body: dict, caller: Caller) -> Re
         # an environment's session is its rollout (verifiers sends one X-Session-ID per rollout)
         rollout_id=h.get("x-rollout-id") or (h.get("x-session-id") if h.get("x-env-id") else None))
 
-
-def _require_admin(request: Request, config: GatewayConfig) -> None:
-    if not config.admin_key:
-        raise APIError(403, "admin routes are disabled: set gateway.admin_key", type="permission_error")
-    if request.headers.get("authorization") != f"Bearer {config.admin_key}":
-        raise APIError(401, "a valid admin key is required", code="invalid_api_key")

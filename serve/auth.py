@@ -3,6 +3,7 @@ optional (the local profile)."""
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -29,9 +30,22 @@ def _invalid_key(message: str) -> APIError:
     return APIError(401, message, type="invalid_request_error", code="invalid_api_key")
 
 
+def is_admin_key(key: str | None, config: GatewayConfig) -> bool:
+    """Constant-time comparison with the admin key (no timing oracle on its prefix)."""
+    return bool(key and config.admin_key and hmac.compare_digest(key.encode(), config.admin_key.encode()))
+
+
+def require_admin(request: Request, config: GatewayConfig) -> None:
+    """The one check every admin route makes."""
+    if not config.admin_key:
+        raise APIError(403, "admin routes are disabled: set gateway.admin_key", type="permission_error")
+    if not is_admin_key(bearer(request), config):
+        raise _invalid_key("a valid admin key is required")
+
+
 def authenticate(request: Request, config: GatewayConfig, keys: KeyStore | None) -> Caller:
     key = bearer(request)
-    if key and config.admin_key and key == config.admin_key:
+    if is_admin_key(key, config):
         return Caller(team="admin", key_id="admin", admin=True)
     record = keys.lookup(key) if (key and keys) else None
     if record is not None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
 import threading
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+from serve.secret_files import write_private
 
 
 def hash_key(key: str) -> str:
@@ -31,6 +32,11 @@ class KeyRecord:
     revoked: bool = False
 
 
+# "admin" is what the admin key's feedback and queries are recorded as, "default" the anonymous
+# caller's team: a team of either name would read or poison the other's data
+RESERVED_TEAMS = frozenset({"admin", "default"})
+
+
 class KeyStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -44,16 +50,15 @@ class KeyStore:
         return [KeyRecord(**k) for k in json.loads(self.path.read_text()).get("keys", [])]
 
     def _save(self, keys: list[KeyRecord]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"keys": [asdict(k) for k in keys]}, indent=2))
-        tmp.chmod(0o600)
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps({"keys": [asdict(k) for k in keys]}, indent=2))
 
     def create(self, team: str, name: str = "") -> tuple[KeyRecord, str]:
         """A new key for ``team``; the plaintext is returned once and never stored."""
         if not team or not team.replace("-", "").replace("_", "").isalnum():
             raise ValueError("team names use letters, digits, '-' and '_'")
+        if team.lower() in RESERVED_TEAMS:
+            raise ValueError(f"{team!r} is reserved ({', '.join(sorted(RESERVED_TEAMS))} name the admin "
+                             "and anonymous callers); choose another team name")
         key = "fw-" + secrets.token_urlsafe(32)
         rec = KeyRecord(id="key-" + secrets.token_hex(6), team=team, hash=hash_key(key), name=name,
                         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))

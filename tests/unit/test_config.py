@@ -33,7 +33,49 @@ def test_gateway_config_points_the_default_alias_at_the_local_deployment(tmp_pat
     assert gw.deployments[0].admin_urls == ["http://127.0.0.1:8200", "http://127.0.0.1:8201"]
     assert gw.models["tiny"].upstream_model == "tiny"
     assert gw.traces_dir == str(tmp_path / "traces")
-    assert gw.admin_key and gw.admin_key == cfg.resolved_gateway().admin_key  # stable per run dir
+    assert gw.admin_key is None and not list(tmp_path.rglob("*"))  # reading the config wrote nothing
+    key = cfg.ensure_admin_key()  # what `up` does first
+    assert key == cfg.resolved_gateway().admin_key == cfg.ensure_admin_key()  # stable per run dir
+    assert (cfg.admin_key_file.stat().st_mode & 0o777) == 0o600
+
+
+def test_secret_files_are_private_from_their_first_byte(tmp_path, monkeypatch):
+    import os
+
+    from deploy.launcher import components
+    from serve.keys import KeyStore
+    from serve.secret_files import write_private
+
+    modes = []
+    real_open = os.open
+
+    def watching_open(path, flags, mode=0o777, *a, **kw):  # the mode each secret is created with
+        if flags & os.O_CREAT:
+            modes.append((os.path.basename(path), mode))
+        return real_open(path, flags, mode, *a, **kw)
+
+    monkeypatch.setattr(os, "open", watching_open)
+    cfg = load_config("local", [f"home={tmp_path}"], environ={})
+    cfg.ensure_admin_key()
+    components(cfg)  # writes gateway.json, which holds the admin key
+    KeyStore(tmp_path / "keys.json").create("red")
+    write_private(tmp_path / "old", "x")
+    (tmp_path / "old").chmod(0o644)
+    write_private(tmp_path / "old", "y")  # replacing a world-readable file makes it private
+    assert modes and all(mode == 0o600 for _, mode in modes), modes
+    for name in ("run/admin.key", "run/gateway.json", "keys.json", "old"):
+        assert ((tmp_path / name).stat().st_mode & 0o777) == 0o600, name
+
+
+def test_a_team_named_admin_or_default_is_refused(tmp_path):
+    import pytest
+
+    from serve.keys import KeyStore
+    store = KeyStore(tmp_path / "keys.json")
+    for name in ("admin", "default", "Admin"):
+        with pytest.raises(ValueError, match="reserved"):
+            store.create(name)
+    assert store.create("red")[0].team == "red"
 
 
 def _args(comp, flag):
