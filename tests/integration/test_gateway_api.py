@@ -36,5 +36,4 @@ def test_status_json_reports_each_component(stack):
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert set(rows) == {"frontend", "worker-0", "gateway", "supervisor"}
     assert all(r["healthy"] and r["pid"] for r in rows.values())
-    assert all(r["restarts"] == 0 and r["last_exit"] is None for r in rows.values())
     assert rows["gateway"]["url"] == "http://127.0.0.1:18000"
