@@ -86,9 +86,9 @@ def _sql_str(s: str) -> str:
 
 class TraceStore:
     def __init__(self, root: str | Path, team: str | None = None, sandbox: bool = False,
-                 threads: int | None = None):
+                 threads: int | None = None, memory_limit: str = "1GB"):
         self.root = Path(root)
-        self.team = team
+        self.team, self.memory_limit = team, memory_limit
         self.sandbox = sandbox or team is not None
         self.con = duckdb.connect(":memory:")
         if threads:
@@ -98,26 +98,34 @@ class TraceStore:
             self._lock_down()
 
     def refresh(self) -> None:
-        """(Re)define the views so they see files written since the last call."""
+        """Take a new snapshot: (re)define the views over the files there are now."""
         if getattr(self, "_locked", False):
             raise RuntimeError("a sandboxed store is fixed at creation; open a new one")
-        sources = []
         # The current layout is bound as an explicit list of files, so every query of this
         # snapshot reads the same files: a glob would be expanded again at each query and could
         # see a compaction's output beside its inputs.
         current = [f for part in partitions(self.root) for f in visible_files(part)]
-        if current:
-            files = "[" + ", ".join(_sql_str(str(f)) for f in current) + "]"
-            sources.append(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true)")
-        if next(self.root.glob(LAYOUTS[1]), None) is not None:  # never compacted: a glob is fine
-            sources.append(f"SELECT * FROM read_parquet({_sql_str(str(self.root / LAYOUTS[1]))}, "
-                           f"hive_partitioning = true, union_by_name = true)")
-        if sources:
-            raw = " UNION ALL BY NAME ".join(sources)
-        else:  # a glob that matches nothing is an error in DuckDB: serve an empty, typed view
-            self.con.register("_empty_traces", pa.Table.from_pylist([], schema=TRACE_SCHEMA))
-            raw = "SELECT *, NULL::DATE AS date, NULL::VARCHAR AS model FROM _empty_traces"
-        self.con.execute(f"CREATE OR REPLACE VIEW _traces_raw AS {raw}")
+        legacy = sorted(self.root.glob(LAYOUTS[1]))  # never compacted
+        if self.team is not None:
+            # A team's connection holds nothing unfiltered: its rows come through an Arrow
+            # dataset filtered to the team, and DuckDB itself may open no file at all, so no
+            # name, table function or catalog trick can reach another team's rows.
+            self.con.register("_traces_raw", _team_dataset(self.root, current + legacy, TRACE_SCHEMA,
+                                                          self.team, hive=True))
+        else:
+            sources = []
+            if current:
+                files = "[" + ", ".join(_sql_str(str(f)) for f in current) + "]"
+                sources.append(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true)")
+            if legacy:
+                sources.append(f"SELECT * FROM read_parquet({_sql_str(str(self.root / LAYOUTS[1]))}, "
+                               f"hive_partitioning = true, union_by_name = true)")
+            if sources:
+                raw = " UNION ALL BY NAME ".join(sources)
+            else:  # a glob that matches nothing is an error in DuckDB: serve an empty, typed view
+                self.con.register("_empty_traces", pa.Table.from_pylist([], schema=TRACE_SCHEMA))
+                raw = "SELECT *, NULL::DATE AS date, NULL::VARCHAR AS model FROM _empty_traces"
+            self.con.execute(f"CREATE OR REPLACE VIEW _traces_raw AS {raw}")
         have = {r[0] for r in self.con.execute("DESCRIBE _traces_raw").fetchall()}
         cols = []
         for f in TRACE_SCHEMA:
@@ -135,7 +143,12 @@ class TraceStore:
         self.con.execute(f"CREATE OR REPLACE VIEW sessions AS {_SESSIONS_SQL}")
         self.con.execute(f"CREATE OR REPLACE VIEW usage_by_team AS {_USAGE_SQL}")
         fb_glob = self.root / FEEDBACK_DIR / "date=*" / "*.parquet"
-        if next(self.root.glob(f"{FEEDBACK_DIR}/date=*/*.parquet"), None):
+        if self.team is not None:
+            fb_files = sorted(self.root.glob(f"{FEEDBACK_DIR}/date=*/*.parquet"))
+            self.con.register("_feedback_raw", _team_dataset(self.root, fb_files, FEEDBACK_SCHEMA,
+                                                            self.team, hive=False))
+            fb = "SELECT * FROM _feedback_raw"
+        elif next(self.root.glob(f"{FEEDBACK_DIR}/date=*/*.parquet"), None):
             fb = f"SELECT * FROM read_parquet({_sql_str(str(fb_glob))}, union_by_name = true)"
         else:
             self.con.register("_empty_feedback", pa.Table.from_pylist([], schema=FEEDBACK_SCHEMA))
@@ -144,7 +157,9 @@ class TraceStore:
         self.con.execute(f"CREATE OR REPLACE VIEW rewards AS {_REWARDS_SQL}")
 
     def _lock_down(self) -> None:
-        self.con.execute(f"SET allowed_directories = [{_sql_str(str(self.root.resolve()) + '/')}]")
+        if self.team is None:  # the admin's sandbox reads the files themselves, and only those
+            self.con.execute(f"SET allowed_directories = [{_sql_str(str(self.root.resolve()) + '/')}]")
+        self.con.execute(f"SET memory_limit = {_sql_str(self.memory_limit)}")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
         self._locked = True
@@ -154,22 +169,26 @@ class TraceStore:
             check_select(self.con, query, allowed_tables=set(VIEWS))
         return self.con.sql(query)
 
-    def sql(self, query: str) -> pa.Table:
+    def sql(self, query: str, limit: int | None = None) -> pa.Table:
         """Run a query over this store's snapshot (its last ``refresh``) and return an Arrow
-        table. If housekeeping removed a file of the snapshot meanwhile (a compaction's inputs,
+        table (its first ``limit`` rows, if given). If housekeeping removed a file of the snapshot meanwhile (a compaction's inputs,
         an expired day), an unlocked store takes a new snapshot and runs the query once more;
         a sandboxed one raises :class:`SnapshotGone` (open a new store)."""
         try:
-            rel = self.relation(query)
-            return rel.to_arrow_table() if rel is not None else pa.table({})
+            return self._fetch(query, limit)
         except duckdb.IOException as exc:
             if not _file_gone(exc):
                 raise
             if getattr(self, "_locked", False):
                 raise SnapshotGone(str(exc)) from None
         self.refresh()
+        return self._fetch(query, limit)
+
+    def _fetch(self, query: str, limit: int | None) -> pa.Table:
         rel = self.relation(query)
-        return rel.to_arrow_table() if rel is not None else pa.table({})
+        if rel is None:
+            return pa.table({})
+        return (rel.limit(limit) if limit is not None else rel).to_arrow_table()
 
     def count(self) -> int:
         return self.con.execute("SELECT count(*) FROM traces").fetchall()[0][0]
@@ -197,6 +216,23 @@ class TraceStore:
             rows.update({r["trace_id"]: r for r in more.to_pylist()})
         full = reconstruct_prompts(rows)
         return {t: full[t] for t in trace_ids if t in full}
+
+
+_PARTITIONS = pa.schema([("date", pa.date32()), ("model", pa.string())])
+
+
+def _team_dataset(root: Path, files: list[Path], schema: pa.Schema, team: str, hive: bool):
+    """These files' rows of one team, as a lazily scanned Arrow dataset (DuckDB pushes its
+    projections and filters into the scan). Columns absent from older files read as nulls."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    schemas = [pq.read_schema(f) for f in files] + [schema] + ([_PARTITIONS] if hive else [])
+    unified = pa.unify_schemas(schemas, promote_options="permissive")
+    dataset = ds.dataset([str(f) for f in files], schema=unified, format="parquet",
+                         partitioning=ds.partitioning(_PARTITIONS, flavor="hive") if hive else None,
+                         partition_base_dir=str(root) if hive else None)
+    return dataset.filter(ds.field("team") == team)
 
 
 class SnapshotGone(RuntimeError):

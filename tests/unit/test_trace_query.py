@@ -16,8 +16,30 @@ def test_a_team_key_sees_only_its_own_rows_and_the_admin_sees_all(setup):
     r = q(client, keys["admin"], "SELECT team, count(*) FROM traces GROUP BY team ORDER BY team")
     assert r.json()["rows"] == [["blue", 2], ["red", 4]]
     r = q(client, keys["red"], "WITH mine AS (SELECT * FROM traces_full) "
-                               "SELECT count(*) FROM mine, sessions WHERE true")
-    assert r.status_code == 200, r.text
+                               "SELECT count(*) FROM mine LEFT JOIN sessions ON true")
+    assert r.status_code == 200 and r.json()["rows"] == [[4]], r.text
+
+
+@pytest.mark.parametrize("sql", [
+    "WITH _traces_raw AS (SELECT * FROM _traces_raw) SELECT team, trace_id FROM _traces_raw",
+    "WITH RECURSIVE _traces_raw AS (SELECT * FROM _traces_raw) SELECT team, trace_id FROM _traces_raw",
+    "SELECT team, trace_id FROM (WITH traces AS (SELECT * FROM _traces_raw) SELECT * FROM traces)",
+])
+def test_a_cte_named_after_an_internal_relation_reads_only_the_teams_rows(setup, sql):
+    client, keys = setup
+    r = q(client, keys["red"], sql)
+    if r.status_code == 200:
+        assert {row[0] for row in r.json()["rows"]} <= {"red"}, r.text
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "sql"
+
+
+def test_max_rows_cuts_the_result_and_says_so(setup):
+    client, keys = setup
+    r = client.post("/v1/traces/query", json={"sql": "SELECT trace_id FROM traces ORDER BY trace_id",
+                                              "max_rows": 2}, headers={"Authorization": f"Bearer {keys['admin']}"})
+    assert r.json()["rows"] == [["tr-0"], ["tr-1"]] and r.json()["truncated"] is True
+    assert r.json()["row_count"] == 2
 
 
 @pytest.mark.parametrize("sql", [
