@@ -27,8 +27,10 @@ class PrefixEncoder:
 
     def __init__(self, max_tokens: int = 64_000_000, min_shared: int = 64):
         self.max_tokens, self.min_shared = max_tokens, min_shared
-        self._turns: OrderedDict[str, tuple[str, np.ndarray]] = OrderedDict()  # trace -> (partition, seq)
-        self._session_last: dict[str, str] = {}
+        # trace -> (team, partition, seq); a reference never crosses teams (it would let one team's
+        # row point into another's and read its prefix length back)
+        self._turns: OrderedDict[str, tuple[str | None, str, np.ndarray]] = OrderedDict()
+        self._session_last: dict[tuple[str | None, str], str] = {}  # (team, session) -> last turn
         self._tokens = 0
         self._lock = threading.Lock()
 
@@ -44,30 +46,31 @@ class PrefixEncoder:
         with self._lock:
             ref = self._reference(record, session, partition)
             if ref is not None:
-                shared = common_prefix_len(arr, self._turns[ref][1])
+                shared = common_prefix_len(arr, self._turns[ref][2])
                 if shared >= self.min_shared:
                     out.update(prompt_prefix_trace_id=ref, prompt_prefix_len=shared,
                                prompt_new_token_ids=prompt[shared:])
             completion = record.get("completion_token_ids") or []
             if session and record.get("http_status", 200) == 200:
                 seq = np.concatenate([arr, np.asarray(completion, dtype=np.int32)])
-                self._remember(record["trace_id"], session, partition, seq)
+                self._remember(record["trace_id"], record.get("team"), session, partition, seq)
         return out
 
     def _reference(self, record: dict, session: str | None, partition: str) -> str | None:
-        # References stay inside one date partition so retention never orphans a turn.
-        for ref in (record.get("parent_trace_id"), self._session_last.get(session or "")):
-            if ref and ref in self._turns and self._turns[ref][0] == partition:
+        # References stay inside one team and one date partition (so retention never orphans a turn).
+        team = record.get("team")
+        for ref in (record.get("parent_trace_id"), self._session_last.get((team, session or ""))):
+            if ref and ref in self._turns and self._turns[ref][:2] == (team, partition):
                 self._turns.move_to_end(ref)
                 return ref
         return None
 
-    def _remember(self, trace_id: str, session: str, partition: str, seq: np.ndarray) -> None:
-        self._turns[trace_id] = (partition, seq)
-        self._session_last[session] = trace_id
+    def _remember(self, trace_id: str, team: str | None, session: str, partition: str, seq: np.ndarray) -> None:
+        self._turns[trace_id] = (team, partition, seq)
+        self._session_last[(team, session)] = trace_id
         self._tokens += len(seq)
         while self._tokens > self.max_tokens and len(self._turns) > 1:
-            old, (_, old_seq) = self._turns.popitem(last=False)
+            old, (_, _, old_seq) = self._turns.popitem(last=False)
             self._tokens -= len(old_seq)
         if len(self._session_last) > 4 * len(self._turns) + 1024:
             self._session_last = {s: t for s, t in self._session_last.items() if t in self._turns}

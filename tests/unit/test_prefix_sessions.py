@@ -58,3 +58,27 @@ def test_references_never_cross_a_date_partition(tmp_path):
     writer.close()
     ref = TraceStore(tmp_path).sql("SELECT prompt_prefix_trace_id AS r FROM traces WHERE trace_id = 'new'")
     assert ref.to_pylist() == [{"r": None}]
+
+
+def test_a_prefix_reference_never_points_into_another_teams_trace(tmp_path):
+    writer = TraceWriter(tmp_path, "gw")
+    prompt = list(range(300))
+    writer.write({"trace_id": "blue-0", "team": "blue", "gen_ai_conversation_id": "shared-id",
+                  "gen_ai_request_model": "m", "prompt_token_ids": prompt, "completion_token_ids": [1, 2],
+                  "http_status": 200})
+    # red guesses blue's session id, and names blue's trace as its parent: both are ignored
+    for i, headers in enumerate(({"gen_ai_conversation_id": "shared-id"}, {"parent_trace_id": "blue-0"})):
+        writer.write({"trace_id": f"red-{i}", "team": "red", "gen_ai_request_model": "m",
+                      "prompt_token_ids": prompt + [7], "completion_token_ids": [3], "http_status": 200,
+                      **headers})
+    # the same team's next turn still shares its session's prefix
+    writer.write({"trace_id": "blue-1", "team": "blue", "gen_ai_conversation_id": "shared-id",
+                  "gen_ai_request_model": "m", "prompt_token_ids": prompt + [1, 2, 9],
+                  "completion_token_ids": [4], "http_status": 200})
+    writer.close()
+    refs = {r["trace_id"]: r["prompt_prefix_trace_id"] for r in
+            TraceStore(tmp_path).sql("SELECT trace_id, prompt_prefix_trace_id FROM traces").to_pylist()}
+    assert refs == {"blue-0": None, "red-0": None, "red-1": None, "blue-1": "blue-0"}
+    red = TraceStore(tmp_path, team="red")
+    assert red.sql("SELECT trace_id, len(prompt_token_ids) AS n FROM traces_full ORDER BY 1").to_pylist() == \
+        [{"trace_id": "red-0", "n": 301}, {"trace_id": "red-1", "n": 301}]
