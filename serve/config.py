@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
-class Deployment(BaseModel):
+class StrictModel(BaseModel):
+    """Configuration (and admin request bodies): an unknown key is an error, not ignored."""
+    model_config = ConfigDict(extra="forbid")
+
+
+class Deployment(StrictModel):
     """A Dynamo graph that serves models behind one OpenAI-compatible frontend."""
 
     name: str
@@ -16,7 +21,7 @@ class Deployment(BaseModel):
                                   description="workers' engine admin servers (LoRA load, weights)")
 
 
-class ModelRoute(BaseModel):
+class ModelRoute(StrictModel):
     """What a public model name (an alias) maps to right now."""
 
     deployment: str
@@ -28,25 +33,25 @@ class ModelRoute(BaseModel):
                                                     "LoRA, so a restarted worker can load it again")
 
 
-class ToolsConfig(BaseModel):
+class ToolsConfig(StrictModel):
     """How tool calls are constrained (see serve/tools/)."""
     layout: Literal["glm47", "glm45"] = Field("glm47", description="GLM tool-call layout the model writes")
     max_string_length: int = Field(4096, description="bound for string arguments the schema leaves unbounded")
     max_array_items: int = Field(256, description="bound for arrays the schema leaves unbounded")
 
 
-class Capacity(BaseModel):
+class Capacity(StrictModel):
     max_requests: int = Field(64, description="requests in flight on the deployment")
     max_tokens: int = Field(2_000_000, description="worst-case tokens (prompt + max_tokens) in flight")
 
 
-class AdmissionConfig(BaseModel):
+class AdmissionConfig(StrictModel):
     lease_ttl_s: float = Field(10.0, description="a dead replica's leases lapse after this")
     queue_limit: int = Field(256, description="requests waiting for capacity per deployment and replica")
     max_queue_wait_s: float = Field(5.0, description="then 429 with Retry-After")
 
 
-class BreakerConfig(BaseModel):
+class BreakerConfig(StrictModel):
     window_s: float = 10.0
     min_requests: int = 5
     error_rate: float = 0.5
@@ -54,17 +59,17 @@ class BreakerConfig(BaseModel):
     probe_timeout_s: float = 30.0
 
 
-class Budget(BaseModel):
+class Budget(StrictModel):
     tokens: int | None = None
     usd: float | None = None
 
 
-class Price(BaseModel):
+class Price(StrictModel):
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
 
 
-class GatewayConfig(BaseModel):
+class GatewayConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = 8000
     deployments: list[Deployment] = Field(default_factory=list)

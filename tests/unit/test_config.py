@@ -108,3 +108,20 @@ def test_the_host_tier_starts_a_mooncake_master_and_wires_the_workers_to_it(tmp_
     kv = json.loads(_args({c.name: c for c in components(pd)}["worker-1"], "--kv-transfer-config"))
     assert [c["kv_connector"] for c in kv["kv_connector_extra_config"]["connectors"]] == \
         ["NixlConnector", "MooncakeStoreConnector"]
+
+
+@pytest.mark.parametrize("overrides, environ, wrong, meant", [
+    (["gateway.prot=8001"], {}, "gateway.prot", "gateway.port"),
+    (["worker.cuont=3"], {}, "worker.cuont", "worker.count"),
+    ([], {"FLYWHEEL_GATEWAY_PORT": "9"}, "gateway_port", "gateway.port"),
+])
+def test_an_unknown_config_key_is_an_error_naming_the_closest_valid_key(tmp_path, overrides, environ, wrong, meant):
+    with pytest.raises(ValueError) as err:
+        load_config("local", [f"home={tmp_path}", *overrides], environ=environ)
+    assert repr(wrong) in str(err.value) and repr(meant) in str(err.value)
+
+
+def test_every_profile_loads_with_strict_keys():
+    from deploy.config import PROFILES_DIR
+    for profile in PROFILES_DIR.glob("*.toml"):
+        load_config(profile.stem, environ={})

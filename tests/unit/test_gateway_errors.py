@@ -65,6 +65,10 @@ def test_unknown_route_and_admin_auth_are_openai_shaped(client):
     r = client.put("/admin/models/tiny", headers={"Authorization": "Bearer adm"},
                    json={"deployment": "nope", "upstream_model": "x"})
     assert_openai_error(r, 400, "deployment")
+    for bad in ({"deployment": 5, "upstream_model": "x"}, {"upstream_model": "x"},
+                {"deployment": "d", "upstream_model": "x", "unknown": 1}):
+        r = client.put("/admin/models/tiny", headers={"Authorization": "Bearer adm"}, json=bad)
+        assert r.status_code == 400 and r.json()["error"]["param"], (bad, r.text)
     r = client.put("/admin/models/tiny2", headers={"Authorization": "Bearer adm"},
                    json={"deployment": "d", "upstream_model": "tiny-lora", "checkpoint_version": "v2"})
     assert r.status_code == 200
