@@ -21,6 +21,7 @@ from serve import engine_admin, feedback_api, trace_query
 from serve.admission import Admission
 from serve.affinity import Affinity
 from serve.auth import Caller, authenticate, require_admin
+from serve.body_limit import BodyLimit
 from serve.breaker import STATE_CODES, Breakers
 from serve.capture import RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute
@@ -65,6 +66,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         writer.close()
 
     app = FastAPI(title="Flywheel gateway", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.writer, app.state.routes, app.state.admission = writer, routes, admission
     install_error_handlers(app)
     app.include_router(trace_query.router(config.traces_dir, caller_of, config.query_timeout_s))

@@ -86,6 +86,8 @@ class GatewayConfig(StrictModel):
     query_timeout_s: float = 30.0
     admin_key: str | None = Field(None, description="bearer key for /admin routes; None disables them")
     upstream_timeout_s: float = 600.0
+    max_body_bytes: int = Field(32 << 20, description="larger request bodies get 413 before they are read "
+                                                      "(a 140K-token agentic prompt is ~1 MB of JSON)")
     tools: ToolsConfig = ToolsConfig()
     redis_url: str | None = Field(None, description="shared state for several replicas; None = one replica")
     capacity: dict[str, Capacity] = Field(default_factory=dict, description="deployment -> capacity")

@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 
 import asyncio
+from urllib.parse import quote
 from pathlib import Path
 from typing import Callable
 
 import httpx
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from serve.config import Deployment, GatewayConfig, ModelRoute
 from serve.errors import APIError, invalid_request
@@ -33,15 +34,28 @@ def lora_load_body(name: str, path: str) -> dict:
     return {"lora_name": name, "source": {"uri": Path(path).as_uri()}}
 
 
+# An adapter name is a model name (``alias@version``, ``org/name``), never a path: no empty,
+# ``.`` or ``..`` segment, nothing that is not a letter, digit or one of ``._@:-``.
+LORA_NAME = r"^[A-Za-z0-9._@:-]+(/[A-Za-z0-9._@:-]+)*$"
+
+
+def _not_a_path(name: str) -> str:
+    if any(part in (".", "..") for part in name.split("/")):
+        raise ValueError("an adapter name may not have '.' or '..' segments")
+    return name
+
+
 class LoadLora(BaseModel):
-    lora_name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._@:/-]+$")
+    lora_name: str = Field(min_length=1, max_length=200, pattern=LORA_NAME)
+    _name = field_validator("lora_name")(_not_a_path)
     lora_path: str = Field(min_length=1)
     deployment: str | None = None
     checkpoint_version: str | None = None
 
 
 class UnloadLora(BaseModel):
-    lora_name: str = Field(min_length=1)
+    lora_name: str = Field(min_length=1, max_length=200, pattern=LORA_NAME)
+    _name = field_validator("lora_name")(_not_a_path)
     deployment: str | None = None
 
 
@@ -123,7 +137,7 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
             raise APIError(409, f"{req.lora_name!r} still serves alias(es) {in_use}; move them first",
                            param="lora_name")
         dep = deployment(req.deployment)
-        await _on_workers(request.app.state.http, dep, "DELETE", f"/v1/loras/{req.lora_name}")
+        await _on_workers(request.app.state.http, dep, "DELETE", f"/v1/loras/{quote(req.lora_name, safe='')}")
         routes.pop(req.lora_name, None)
         return {"status": "success", "lora_name": req.lora_name}
 

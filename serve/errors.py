@@ -38,13 +38,22 @@ def invalid_request(errors: list[dict]) -> APIError:
     if first.get("type") == "json_invalid":
         return APIError(400, "We could not parse the JSON body of your request. "
                              f"({first.get('ctx', {}).get('error', 'invalid JSON')})")
-    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and not _union_tag(p)) or None
     msg = first.get("msg", "invalid request")
     if first.get("type") == "missing":
         msg = f"Missing required parameter: '{param}'."
     elif param:
         msg = f"Invalid value for '{param}': {msg}"
     return APIError(400, msg, param=param)
+
+
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
+
+
+def _union_tag(part) -> bool:
+    """pydantic names the union member it tried in the error location ('stop.list[str].0'):
+    a client's parameter name never has one."""
+    return isinstance(part, str) and ("[" in part or part.lower() in _TYPE_NAMES)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -94,8 +94,9 @@ class Forwarder:
         if tool_req is not None and body.get("guided_grammar"):
             raise APIError(400, "guided_grammar cannot be combined with tools", param="guided_grammar")
         capture = Capture(ctx)
-        rewrite = Rewrite(body, operation, route.upstream_model,
-                          grammar_for(tool_req, self.config.tools.layout) if tool_req else None)
+        # compiling a grammar can take a while for a large schema: not on the event loop
+        grammar = await asyncio.to_thread(grammar_for, tool_req, self.config.tools.layout) if tool_req else None
+        rewrite = Rewrite(body, operation, route.upstream_model, grammar)
         headers = {"X-Trace-ID": ctx.trace_id}
         last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)",
                               type="server_error")

@@ -22,6 +22,14 @@ class _Request(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = None
+    stop: str | list[str] | None = Field(None, description="up to 4 stop strings")
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop):
+        if isinstance(stop, list) and len(stop) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return stop
 
     @field_validator("n")
     @classmethod

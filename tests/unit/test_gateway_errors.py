@@ -74,3 +74,39 @@ def test_unknown_route_and_admin_auth_are_openai_shaped(client):
     assert r.status_code == 200
     assert {m["id"]: m["checkpoint_version"] for m in client.get("/v1/models").json()["data"]} == \
         {"tiny": "base", "tiny2": "v2"}
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(tmp_path):
+    cfg = GatewayConfig(deployments=[Deployment(name="d", url="http://127.0.0.1:9")],
+                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+                        traces_dir=str(tmp_path / "traces"), admin_key="adm", max_body_bytes=1000)
+    big = {**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}
+    with TestClient(create_app(cfg)) as c:
+        err = assert_openai_error(c.post("/v1/chat/completions", json=big), 413)
+        assert err["code"] == "request_too_large"
+
+        def chunks():  # no Content-Length: counted as it arrives
+            yield b'{"model": "tiny", "messages": [{"role": "user", "content": "'
+            for _ in range(20):
+                yield b"x" * 100
+            yield b'"}]}'
+        assert_openai_error(c.post("/v1/chat/completions", content=chunks()), 413)
+        for path in ("/v1/feedback", "/v1/traces/query", "/admin/models/tiny"):
+            method = c.put if path.startswith("/admin") else c.post
+            assert method(path, content=b"x" * 2000, headers={"Authorization": "Bearer adm"}).status_code == 413
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 503  # small bodies go through
+
+
+@pytest.mark.parametrize("stop", [[1, 2], 5, ["a", "b", "c", "d", "e"], [None]])
+def test_a_stop_that_is_not_up_to_four_strings_is_400(client, stop):
+    assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "stop": stop}), 400, "stop")
+    assert_openai_error(client.post("/v1/completions", json={"model": "tiny", "prompt": "a", "stop": stop}),
+                        400, "stop")
+
+
+@pytest.mark.parametrize("name", ["a/../../b", "..", "/etc", "a//b", "x y"])
+def test_an_adapter_name_that_looks_like_a_path_is_400(client, name):
+    for path, body in (("/load_lora_adapter", {"lora_name": name, "lora_path": "/tmp"}),
+                       ("/unload_lora_adapter", {"lora_name": name})):
+        r = client.post(path, json=body, headers={"Authorization": "Bearer adm"})
+        assert_openai_error(r, 400, "lora_name")
