@@ -24,6 +24,8 @@ PROFILES_DIR = Path(__file__).with_name("profiles")
 
 class FrontendConfig(StrictModel):
     port: int = 8100
+    event_broker_port: int | None = Field(
+        None, description="the event-plane broker's XSUB port (XPUB is the next one); default port + 90")
     router_mode: Literal["kv", "round-robin", "random"] = "kv"
     overlap_score_credit: float | None = Field(
         None, description="kv router: weight of cached prefix blocks against queued work (Dynamo's "
@@ -158,6 +160,11 @@ class StackConfig(StrictModel):
     @property
     def traces_path(self) -> Path:
         return self.home_path / "traces"
+
+    @property
+    def event_broker_ports(self) -> tuple[int, int]:
+        xsub = self.frontend.event_broker_port or self.frontend.port + 90
+        return xsub, xsub + 1
 
     @property
     def frontend_url(self) -> str:

@@ -20,6 +20,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from deploy.adapters import reload_adapters
 from deploy.config import StackConfig, mooncake_store_config
+from deploy.event_broker import broker_url
 from deploy.processes import Component, ProcessManager, StartError
 from deploy.supervisor import STATE_FILE, load_state, stack_lock
 from serve.secret_files import write_private
@@ -28,9 +29,11 @@ console = Console(stderr=True)
 
 
 def dynamo_env(cfg: StackConfig) -> dict[str, str]:
-    """Dynamo without etcd/NATS: file discovery, TCP requests, ZMQ events, all on loopback."""
+    """Dynamo without etcd/NATS: file discovery, TCP requests, ZMQ events through the stack's
+    broker, all on loopback."""
     run = cfg.run_dir
     return {
+        "DYN_ZMQ_BROKER_URL": broker_url(*cfg.event_broker_ports),
         "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(run / "discovery"),
         "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq",
         "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
@@ -65,6 +68,8 @@ def components(cfg: StackConfig) -> list[Component]:
             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(cfg.run_dir)]))
     if cfg.host_tier.enabled:
         comps.append(_mooncake_master(cfg))
+    comps.append(Component(name="event-broker", ports=list(cfg.event_broker_ports), argv=[
+        py, "-m", "deploy.event_broker", *map(str, cfg.event_broker_ports)]))
     comps += [Component(
         name="frontend",
         argv=[py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",

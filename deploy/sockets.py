@@ -61,3 +61,19 @@ def listening(pids: list[int]) -> list[tuple[str, int, int]]:
 
 def group_listening_ports(pgid: int) -> set[int]:
     return {port for _, port, _ in listening(group_pids(pgid))}
+
+
+LOOPBACK = ("127.0.0.1", "::1")
+
+
+def component_listeners(run_dir: Path, names: list[str]) -> list[tuple[str, str, int]]:
+    """``(component, address, port)`` for every TCP socket the named components' process
+    groups listen on (what `flywheel up` started, and whatever those processes spawned)."""
+    from deploy.processes import ProcessManager
+
+    pm, out = ProcessManager(run_dir), []
+    for name in names:
+        pid = pm.pid(name)
+        if pid is not None:
+            out += [(name, addr, port) for addr, port, _ in listening(group_pids(pid))]
+    return out

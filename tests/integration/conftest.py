@@ -66,3 +66,12 @@ def base_alias(stack):
     gw = stack.resolved_gateway()
     HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, Registry(stack.home_path / "checkpoints.json"),
             gw.deployments[0].name, "tiny").reset("tiny")
+
+
+def exposed_listeners(cfg) -> tuple[set[str], list]:
+    """(components that listen, listeners bound beyond loopback) for a running stack."""
+    from deploy.launcher import components
+    from deploy.sockets import LOOPBACK, component_listeners
+
+    listeners = component_listeners(cfg.run_dir, [c.name for c in components(cfg)])
+    return {name for name, _, _ in listeners}, [e for e in listeners if e[1] not in LOOPBACK]

@@ -34,6 +34,14 @@ def test_status_json_reports_each_component(stack):
         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads(out.stdout)}
-    assert set(rows) == {"frontend", "worker-0", "gateway", "supervisor"}
+    assert set(rows) == {"event-broker", "frontend", "worker-0", "gateway", "supervisor"}
     assert all(r["healthy"] and r["pid"] for r in rows.values())
     assert rows["gateway"]["url"] == "http://127.0.0.1:18000"
+
+
+def test_every_socket_of_the_stack_listens_on_loopback_only(stack):
+    from tests.integration.conftest import exposed_listeners
+
+    listening, exposed = exposed_listeners(stack)
+    assert listening == {"event-broker", "frontend", "worker-0", "gateway"}
+    assert not exposed, f"listening beyond loopback: {exposed}"

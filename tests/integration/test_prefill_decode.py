@@ -8,6 +8,7 @@ import pytest
 
 from deploy.config import load_config
 from deploy.launcher import down, up
+from tests.integration.conftest import exposed_listeners
 
 # Runs last (see conftest): two more vLLM workers starting on 2 cores can starve the shared
 # stack's worker long enough for its Dynamo discovery lease to lapse.
@@ -54,6 +55,7 @@ def test_disaggregated_prefill_decode_matches_aggregated_greedy_tokens(stack, tm
         try:
             greedy(pd.frontend_url, "warm up", wait_s=90)
             results = [greedy(pd.frontend_url, p) for p in PROMPTS]
+            listening, exposed = exposed_listeners(pd)  # NIXL and UCX included
             break
         except DeploymentLost:
             if attempt == 2:
@@ -61,6 +63,8 @@ def test_disaggregated_prefill_decode_matches_aggregated_greedy_tokens(stack, tm
             print("\nthe P/D deployment lost a worker from discovery; starting a fresh one")
         finally:
             down(pd)
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    assert {"worker-0", "worker-1"} <= listening
     assert [ids for ids, _ in results] == aggregated
     for _, workers in results:  # prefill and decode really ran on different workers
         assert workers["prefill_worker_id"] != workers["decode_worker_id"]

@@ -17,6 +17,7 @@ from deploy.launcher import down, status, up
 from deploy.processes import ProcessManager, group_pids
 from deploy.sockets import group_listening_ports
 from deploy.supervisor import registered_ports
+from tests.integration.conftest import exposed_listeners
 from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
@@ -227,11 +228,17 @@ def test_a_full_or_read_only_spool_fails_requests_cleanly_and_the_gateway_recove
     assert set(acked) <= set(rows) and not set(refused) & set(rows)
 
 
+def test_the_sim_stack_listens_on_loopback_only(healing):
+    listening, exposed = exposed_listeners(healing)
+    assert listening == {"event-broker", "frontend", "worker-0", "worker-1", "gateway"}
+    assert not exposed, f"listening beyond loopback: {exposed}"
+
+
 def test_down_then_up_then_traffic_keeps_every_earlier_trace(healing):
     before = set(stored_ids(healing))
     pm = ProcessManager(healing.run_dir)
     running = [pm.pid(p.stem) for p in healing.run_dir.glob("*.pid")]
-    assert len(running) == 5 and None not in running  # frontend, 2 workers, gateway, supervisor
+    assert len(running) == 6 and None not in running  # broker, frontend, 2 workers, gateway, supervisor
     down(healing)
     assert not list(healing.run_dir.glob("*.pid"))
     assert not [pid for pid in running if group_pids(pid)], "down left a process running"
