@@ -98,6 +98,8 @@ def mooncake_store_config(master: str, rpc_port: int, metadata_port: int, protoc
 class RedisConfig(StrictModel):
     enabled: bool = Field(False, description="start a redis-server for the gateway's shared state")
     port: int = 6390
+    appendonly: bool = Field(True, description="keep spend and the alias table across a Redis restart "
+                                               "(append-only file in the run dir, fsync'd every second)")
 
 
 class PoolConfig(StrictModel):

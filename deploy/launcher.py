@@ -65,7 +65,9 @@ def components(cfg: StackConfig) -> list[Component]:
     if cfg.redis.enabled:
         comps.append(Component(name="redis", ports=[cfg.redis.port], argv=[
             shutil.which("redis-server") or "redis-server", "--port", str(cfg.redis.port),
-            "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(cfg.run_dir)]))
+            "--bind", "127.0.0.1", "--save", "", "--dir", str(cfg.run_dir),
+            *(["--appendonly", "yes", "--appendfsync", "everysec"] if cfg.redis.appendonly else
+              ["--appendonly", "no"])]))
     if cfg.host_tier.enabled:
         comps.append(_mooncake_master(cfg))
     comps.append(Component(name="event-broker", ports=list(cfg.event_broker_ports), argv=[

@@ -26,6 +26,11 @@ from serve.shared_state import SharedState
 NO_LIMIT = -1
 
 
+def _micro_usd(prompt: int, completion: int, in_per_mtok: float, out_per_mtok: float) -> int:
+    """The cost in micro-dollars, rounded up: a price per 1M tokens times tokens."""
+    return math.ceil(prompt * in_per_mtok + completion * out_per_mtok - 1e-9)
+
+
 def worst_case_tokens(body: dict) -> tuple[int, int]:
     """(prompt upper bound, completion maximum). A byte-level BPE token covers at least one
     byte, so the prompt's UTF-8 size plus a margin per message for the chat template bounds its
@@ -47,6 +52,12 @@ def worst_case_tokens(body: dict) -> tuple[int, int]:
 class Admitted:
     lease: Reservation | None
     budget: Reservation | None
+    prompt_tokens: int = 0       # the worst cases the reservations were made for
+    completion_tokens: int = 0
+
+    @property
+    def reserved(self) -> bool:
+        return self.lease is not None or self.budget is not None
 
 
 class Admission:
@@ -70,15 +81,15 @@ class Admission:
             if budget is not None:
                 self.budgets.settle(budget)
             raise
-        return Admitted(lease, budget)
+        return Admitted(lease, budget, prompt, completion)
 
     def _reserve_budget(self, team: str, model: str, prompt: int, completion: int) -> Reservation | None:
         limit = self.config.budgets.get(team)
         if limit is None:
             return None
-        pin, pout = self._price(model)
-        cost_usd = (prompt * pin + completion * pout) / 1e6
-        res = self.budgets.reserve(team, "b-" + uuid.uuid4().hex, prompt + completion, cost_usd * 1e6,
+        cost_micro = _micro_usd(prompt, completion, *self._price(model))
+        cost_usd = cost_micro / 1e6
+        res = self.budgets.reserve(team, "b-" + uuid.uuid4().hex, prompt + completion, cost_micro,
                                    (NO_LIMIT, limit.tokens if limit.tokens is not None else NO_LIMIT,
                                     limit.usd * 1e6 if limit.usd is not None else NO_LIMIT))
         if res is None:
@@ -125,20 +136,24 @@ class Admission:
             if res is not None:
                 ledger.renew(res)
 
-    def release(self, admitted: Admitted, model: str, usage: dict | None) -> None:
-        """End the lease; settle the budget at the real usage. Idempotent: a second call (an
-        error path after the request was settled) changes nothing."""
+    def release(self, admitted: Admitted, model: str, usage: dict | None, produced: int = 0) -> None:
+        """End the lease; settle the budget at the real usage. A request that ended before its
+        usage was reported (a stream cut short) is charged its reserved prompt and the
+        ``produced`` completion tokens; one that produced nothing, nothing. Idempotent: a second
+        call (an error path after the request was settled) changes nothing."""
         lease, res = admitted.lease, admitted.budget
         admitted.lease = admitted.budget = None
         if lease is not None:
             self.leases.settle(lease)
-        if res is not None:
-            if usage:
-                pin, pout = self._price(model)
-                tin, tout = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-                self.budgets.settle(res, tin + tout, tin * pin + tout * pout)
-            else:  # unknown usage (e.g. a failed stream): charge nothing, the engine did no work
-                self.budgets.settle(res, 0, 0)
+        if res is None:
+            return
+        if usage:
+            tin, tout = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        elif produced:
+            tin, tout = admitted.prompt_tokens, produced
+        else:
+            tin = tout = 0
+        self.budgets.settle(res, tin + tout, _micro_usd(tin, tout, *self._price(model)))
 
     def usage(self, team: str) -> dict:
         t = self.budgets.totals(team)

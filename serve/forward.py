@@ -114,6 +114,9 @@ class Forwarder:
                 await self.durable(capture.record(err.status, err.message))
                 raise
             self.metrics.admission_wait.observe(time.monotonic() - t_wait)
+            if admitted.reserved and not (body.get("max_tokens") or body.get("max_completion_tokens")):
+                # the reservation assumed this many: the engine must not produce more
+                rewrite.upstream_body["max_tokens"] = admitted.completion_tokens
             capture.mark_admitted()
             ctx.deployment = dep_name
             headers["X-Deployment"] = dep_name
@@ -135,6 +138,16 @@ class Forwarder:
 
     async def _try(self, dep_name: str, operation: str, body: dict, rewrite: Rewrite,
                    capture: Capture, admitted: Admitted, tool_req):
+        # the lease and budget reservation stay renewed until the response is in hand (a unary
+        # one arrives whole, possibly after the TTL); a stream's relay renews its own
+        renewer = asyncio.create_task(self._renew(admitted))
+        try:
+            return await self._send(dep_name, operation, body, rewrite, capture, admitted, tool_req)
+        finally:
+            renewer.cancel()
+
+    async def _send(self, dep_name: str, operation: str, body: dict, rewrite: Rewrite,
+                    capture: Capture, admitted: Admitted, tool_req):
         dep = self.config.deployment(dep_name)
         url = dep.url + ENDPOINTS[operation]
         stream = bool(body.get("stream"))
@@ -142,8 +155,12 @@ class Forwarder:
         try:
             upstream = await asyncio.wait_for(
                 self.http.send(self.http.build_request("POST", url, json=rewrite.upstream_body,
-                                                       headers=upstream_headers(capture.ctx)), stream=stream),
-                timeout=self.config.first_token_timeout_s)
+                                                       headers=upstream_headers(capture.ctx)), stream=True),
+                # A stream's headers come with its first token; a unary response's come only with
+                # the whole body, so a first-token timeout there would fail over a long request
+                # that is running fine and run it twice. Unary requests fail over on connect
+                # errors and 5xx, and are bounded by upstream_timeout_s.
+                timeout=self.config.first_token_timeout_s if stream else None)
         except (httpx.HTTPError, asyncio.TimeoutError) as exc:
             self.breakers.record(dep_name, False)
             raise _Retryable(APIError(503, f"deployment {dep_name!r} is unreachable: {type(exc).__name__}",
@@ -246,7 +263,8 @@ class Forwarder:
                                  or "tool call" in error)
             if not recorded:
                 self.writer.submit(capture.record(200, error))
-            self.admission.release(admitted, ctx.alias, capture.usage or None)
+            self.admission.release(admitted, ctx.alias, capture.usage or None,
+                                   produced=len(capture.completion_ids))
             if error is None:
                 self.metrics.served(ctx.alias, ctx.team, capture.usage)
             else:

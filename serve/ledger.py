@@ -54,13 +54,14 @@ return {n, tostring(a), tostring(b), redis.call('HGET', KEYS[2], 'a') or '0', re
 class Reservation:
     ledger: str
     id: str
-    a: float
-    b: float
+    a: int
+    b: int
     shared: bool  # made in Redis (True) or in this process (False)
 
     @property
     def member(self) -> str:
-        return f"{self.id}:{self.a:g}:{self.b:g}"
+        # whole numbers, written out: the Lua side parses digits ('1e+06' would not parse)
+        return f"{self.id}:{self.a:d}:{self.b:d}"
 
 
 @dataclass
@@ -84,7 +85,9 @@ class Ledger:
     def _keys(self, name: str) -> list[str]:
         return [f"{self.prefix}:{name}:res", f"{self.prefix}:{name}:spent"]
 
-    def reserve(self, name: str, rid: str, a: float, b: float, limits: tuple[float, float, float]) -> Reservation | None:
+    def reserve(self, name: str, rid: str, a: int, b: int, limits: tuple[float, float, float]) -> Reservation | None:
+        """Reserve whole amounts (tokens, micro-dollars rounded up by the caller)."""
+        a, b = int(a), int(b)
         res = Reservation(name, rid, a, b, shared=False)
         ok = self.state.run("reserve", _RESERVE, self._keys(name), [self.ttl_s, res.member, a, b, *limits])
         if ok is not LOCAL:
@@ -111,8 +114,9 @@ class Ledger:
             if res.id in live:
                 live[res.id] = (time.monotonic() + self.ttl_s, res.a, res.b)
 
-    def settle(self, res: Reservation, spent_a: float = 0.0, spent_b: float = 0.0) -> None:
-        """Drop the reservation and record what was actually spent."""
+    def settle(self, res: Reservation, spent_a: int = 0, spent_b: int = 0) -> None:
+        """Drop the reservation and record what was actually spent (whole amounts)."""
+        spent_a, spent_b = int(spent_a), int(spent_b)
         if res.shared and self.state.run("settle", _SETTLE, self._keys(res.ledger),
                                          [res.member, spent_a, spent_b]) is not LOCAL:
             return

@@ -29,7 +29,7 @@ class RedisServer:
         import time
         exe = shutil.which("redis-server")
         if exe is None:
-            pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+            pytest.fail("redis-server is not installed (apt-get install redis-server; .ci/run does)")
         self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                       "--appendonly", "no", "--dir", str(self.dir)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

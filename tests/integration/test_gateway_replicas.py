@@ -46,16 +46,22 @@ def ha(tmp_path_factory):
     deps = {"a": _deployment(tmp, "a", 19300, 1.0), "b": _deployment(tmp, "b", 19400, 20.0)}
     keys = KeyStore(tmp / "keys.json")
     _, team_key = keys.create("budgeted")
+    _, roomy_key = keys.create("roomy")
+    _, patient_key = keys.create("patient")
     gw_cfg = GatewayConfig(
         deployments=[Deployment(name=n, url=c.frontend_url) for n, (c, _) in deps.items()],
         models={"tiny": ModelRoute(deployment="a", fallbacks=["b"], upstream_model="tiny"),
-                "tiny-a": ModelRoute(deployment="a", upstream_model="tiny")},
+                "tiny-a": ModelRoute(deployment="a", upstream_model="tiny"),
+                "tiny-b": ModelRoute(deployment="b", upstream_model="tiny")},
         traces_dir=str(tmp / "traces"), keys_file=str(tmp / "keys.json"), admin_key="adm",
         routes_file=str(tmp / "routes.json"),
         redis_url=redis.url, capacity={"a": Capacity(max_requests=4), "b": Capacity(max_requests=64)},
         admission={"lease_ttl_s": 2.0, "max_queue_wait_s": 0.5},
         breaker={"window_s": 5, "min_requests": 3, "error_rate": 0.5, "open_s": 3},
-        budgets={"budgeted": Budget(tokens=1000)})
+        # a first byte within 1 s, but a unary body may take longer than that (and than the TTL)
+        first_token_timeout_s=1.0,
+        budgets={"budgeted": Budget(tokens=1000), "roomy": Budget(tokens=30_000),
+                 "patient": Budget(tokens=5_000)})
     pm = ProcessManager(tmp / "gw")
     urls = []
     for i, port in enumerate((19500, 19501)):
@@ -68,6 +74,7 @@ def ha(tmp_path_factory):
             time.sleep(0.2)
         urls.append(f"http://127.0.0.1:{port}")
     yield {"urls": urls, "pm": pm, "redis": redis, "deps": deps, "team_key": team_key, "tmp": tmp,
+           "roomy_key": roomy_key, "patient_key": patient_key,
            "config": gw_cfg}
     for name in ("gateway-0", "gateway-1"):
         pm.stop(name)
@@ -105,6 +112,56 @@ def test_fifty_concurrent_requests_never_overspend_a_nearly_exhausted_budget(ha)
     served = sum(r.json()["usage"]["total_tokens"] for r in ok)
     assert usage["spent_tokens"] == served <= 1000
     print(f"\nbudget 1000 tokens: {len(ok)} served ({served} tokens), {len(refused)} refused")
+
+
+def test_two_hundred_concurrent_requests_without_max_tokens_never_overspend(ha):
+    key = ha["roomy_key"]
+
+    def one(i):
+        body = {"model": "tiny-b", "messages": [{"role": "user", "content": f"write on {i}"}]}  # no max_tokens
+        return httpx.post(f"{ha['urls'][i % 2]}/v1/chat/completions", json=body, timeout=120,
+                          headers={"Authorization": f"Bearer {key}"})
+
+    with ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(one, range(200)))
+    ok = [r for r in results if r.status_code == 200]
+    refused = [r for r in results if r.status_code == 429]
+    assert len(ok) + len(refused) == 200 and ok and refused, [r.text for r in results if r.status_code not in (200, 429)][:3]
+    # what was reserved is what the engine was allowed to produce
+    assert max(r.json()["usage"]["completion_tokens"] for r in ok) <= 1024
+    usage = httpx.get(f"{ha['urls'][0]}/v1/usage", headers={"Authorization": f"Bearer {key}"}).json()
+    served = sum(r.json()["usage"]["total_tokens"] for r in ok)
+    assert usage["spent_tokens"] == served <= 30_000
+    print(f"\nbudget 30,000 tokens, no max_tokens: {len(ok)} served ({served} tokens), {len(refused)} refused")
+
+
+def _leases_held(url: str, deployment: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(f'flywheel_leases_held{{deployment="{deployment}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_unary_request_longer_than_the_lease_ttl_completes_once_and_is_charged_once(ha):
+    url, key = ha["urls"][0], ha["patient_key"]
+    before = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {key}"}).json()["spent_tokens"]
+    out = {}
+
+    def long_unary():  # ~600 tokens at the mocker's real-time pace: several seconds, TTL is 2 s
+        out["r"] = httpx.post(f"{url}/v1/chat/completions", timeout=120, headers={
+            "Authorization": f"Bearer {key}", "X-Env-ID": "long-unary"},
+            json={"model": "tiny-a", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 600})
+
+    t = threading.Thread(target=long_unary)
+    t.start()
+    time.sleep(3.0)  # past the 2 s lease TTL: the lease must have been renewed, not lapsed
+    held = _leases_held(url, "a")
+    t.join(120)
+    r = out["r"]
+    assert r.status_code == 200, r.text  # not failed over by the 1 s first-token timeout
+    assert r.headers["x-deployment"] == "a" and held == 1
+    after = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {key}"}).json()["spent_tokens"]
+    assert after - before == r.json()["usage"]["total_tokens"]  # charged once, at its real usage
 
 
 def test_a_dead_replicas_leases_come_back_within_the_ttl(ha):

@@ -135,3 +135,34 @@ def test_without_redis_the_gateway_keeps_admitting_locally(redis_server):
         c = await adm.admit("d1", "blue", "tiny", BODY)
         assert c.lease.shared  # back on shared state
     asyncio.run(go())
+
+
+def test_large_reservations_are_exact_whole_numbers_in_every_ledger(state):
+    # a million-token budget at $3 per 1M output tokens: reservations of millions of micro-dollars,
+    # which the old '%g' formatting wrote as '3e+06' and the Lua script could not parse
+    adm = Admission(config(capacity={"d1": Capacity(max_requests=8, max_tokens=10_000_000)},
+                           budgets={"big": Budget(tokens=5_000_000, usd=100.0)},
+                           prices={"tiny": Price(input_per_mtok=1.5, output_per_mtok=3.0)}), state)
+    body = {**BODY, "max_tokens": 1_000_000}
+
+    async def go():
+        a = await adm.admit("d1", "big", "tiny", body)
+        assert adm.usage("big")["reserved_tokens"] == a.prompt_tokens + 1_000_000
+        adm.release(a, "tiny", {"prompt_tokens": 7, "completion_tokens": 999_999})
+    asyncio.run(go())
+    usage = adm.usage("big")
+    assert usage["spent_tokens"] == 1_000_006 and usage["reserved_tokens"] == 0
+    assert usage["spent_usd"] == pytest.approx((7 * 1.5 + 999_999 * 3.0) / 1e6, abs=1e-6)
+
+
+def test_a_stream_cut_before_its_usage_is_charged_what_it_produced(state):
+    adm = Admission(config(capacity={}), state)
+
+    async def go():
+        a = await adm.admit("d1", "red", "tiny", BODY)
+        adm.release(a, "tiny", None, produced=30)  # no usage chunk came: 30 tokens were streamed
+        b = await adm.admit("d1", "red", "tiny", BODY)
+        adm.release(b, "tiny", None)  # failed before any token: nothing to charge
+        return a.prompt_tokens
+    prompt = asyncio.run(go())
+    assert adm.usage("red")["spent_tokens"] == prompt + 30
