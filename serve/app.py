@@ -30,6 +30,8 @@ from serve.forward import Forwarder
 from serve.keys import KeyStore
 from serve.metrics import Metrics
 from serve.routes import RouteTable
+from serve.openapi import install as install_openapi
+from serve.openapi import json_body
 from serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
                             generate_response)
 from serve.shared_state import SharedState
@@ -69,6 +71,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.writer, app.state.routes, app.state.admission = writer, routes, admission
     install_error_handlers(app)
+    install_openapi(app)
     app.include_router(trace_query.router(config.traces_dir, caller_of, config.query_timeout_s))
     app.include_router(feedback_api.router(config.traces_dir, caller_of))
     app.include_router(engine_admin.router(config, routes, lambda r: require_admin(r, config)))
@@ -100,15 +103,15 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
             {"id": alias, "object": "model", "owned_by": "flywheel",
              "checkpoint_version": r.checkpoint_version} for alias, r in sorted(routes.items())]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request):
         return await _serve(request, "chat")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(request: Request):
         return await _serve(request, "text_completion")
 
-    @app.post("/inference/v1/generate")
+    @app.post("/inference/v1/generate", openapi_extra=json_body(GenerateRequest))
     async def generate(request: Request):
         """Token-in/token-out, as prime-rl and verifiers' training client call it."""
         caller = caller_of(request)
@@ -125,7 +128,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         require_admin(request, config)
         return {alias: r.model_dump() for alias, r in routes.items()}
 
-    @app.put("/admin/models/{alias}")
+    @app.put("/admin/models/{alias}", openapi_extra=json_body(ModelRoute))
     async def admin_set_model(alias: str, request: Request):
         """Point an alias at a deployment's model (a base model or a loaded LoRA)."""
         require_admin(request, config)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from serve.config import Deployment, GatewayConfig, ModelRoute
 from serve.errors import APIError, invalid_request
+from serve.openapi import json_body
 
 
 LORA_ROUTE = "/v1/loras"  # Dynamo's LoRA route on a worker's system status server
@@ -78,10 +79,13 @@ async def _on_workers(http: httpx.AsyncClient, dep: Deployment, method: str, pat
         except httpx.HTTPError as exc:
             raise APIError(502, f"worker {url} unreachable: {type(exc).__name__}", type="server_error")
         data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        reason = data.get("message") or r.text[:300]
+        if 400 <= r.status_code < 500:  # the worker says the request was wrong, not that it broke
+            kind = "not_found_error" if r.status_code == 404 else "invalid_request_error"
+            raise APIError(r.status_code, f"worker {url} cannot do {path}: {reason}", type=kind)
         # Dynamo reports logical failures as HTTP 200 with status "error"
-        if r.status_code >= 400 or data.get("status") == "error":
-            raise APIError(502, f"worker {url} refused {path}: {data.get('message') or r.text[:300]}",
-                           type="server_error")
+        if r.status_code >= 500 or data.get("status") == "error":
+            raise APIError(502, f"worker {url} failed {path}: {reason}", type="server_error")
 
     await asyncio.gather(*(one(u) for u in dep.admin_urls))
 
@@ -109,8 +113,8 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
         except (KeyError, IndexError):
             raise APIError(400, f"unknown deployment {name!r}", param="deployment") from None
 
-    @api.post("/load_lora_adapter")
-    @api.post("/v1/load_lora_adapter")
+    @api.post("/load_lora_adapter", openapi_extra=json_body(LoadLora))
+    @api.post("/v1/load_lora_adapter", openapi_extra=json_body(LoadLora))
     async def load_lora(request: Request):
         require_admin(request)
         req = await _parse(request, LoadLora)
@@ -127,8 +131,8 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
                                            lora_path=path)
         return {"status": "success", "lora_name": req.lora_name, "workers": len(dep.admin_urls)}
 
-    @api.post("/unload_lora_adapter")
-    @api.post("/v1/unload_lora_adapter")
+    @api.post("/unload_lora_adapter", openapi_extra=json_body(UnloadLora))
+    @api.post("/v1/unload_lora_adapter", openapi_extra=json_body(UnloadLora))
     async def unload_lora(request: Request):
         require_admin(request)
         req = await _parse(request, UnloadLora)

@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from serve.errors import invalid_request
+from serve.openapi import json_body
 from traces.feedback import write_feedback
 
 MAX_BATCH = 10_000
@@ -41,7 +42,7 @@ class FeedbackBatch(BaseModel):
 def router(traces_dir: str, authenticate) -> APIRouter:
     api = APIRouter()
 
-    @api.post("/v1/feedback")
+    @api.post("/v1/feedback", openapi_extra=json_body(FeedbackItem, FeedbackBatch))
     async def post_feedback(request: Request):
         caller = authenticate(request)
         raw = await request.body()

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, examples=["tiny"])
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     n: int = 1
@@ -87,7 +87,7 @@ class GenerateSampling(BaseModel):
 
 class GenerateRequest(BaseModel):
     """``POST /inference/v1/generate``: prime-rl's token-in/token-out request."""
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, examples=["tiny"])
     token_ids: list[int] = Field(min_length=1)
     sampling_params: GenerateSampling = GenerateSampling()
     cache_salt: str | None = None

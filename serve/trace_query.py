@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from serve.errors import APIError
+from serve.openapi import json_body
 from traces.guard import QueryRefused
 from traces.store import SnapshotGone, TraceStore
 
@@ -52,7 +53,7 @@ def _query(root: str, team: str | None, sql: str, limit: int, timeout_s: float):
 def router(traces_dir: str, authenticate, timeout_s: float = 30.0) -> APIRouter:
     api = APIRouter()
 
-    @api.post("/v1/traces/query")
+    @api.post("/v1/traces/query", openapi_extra=json_body(QueryRequest))
     async def query(request: Request):
         caller = authenticate(request)
         if caller.anonymous:
