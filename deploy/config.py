@@ -189,7 +189,7 @@ class StackConfig(StrictModel):
             gw.routes_file = str(self.home_path / "routes.json")
         if not gw.deployments:
             gw.deployments = [Deployment(
-                name="local", url=self.frontend_url,
+                name="local", url=self.frontend_url, max_model_len=self.worker.max_model_len,
                 admin_urls=[self.worker_admin_url(i) for i in range(self.worker.count)])]
         if not gw.models:
             name = self.worker.served_model_name

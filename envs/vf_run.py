@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-KEY_VAR = "FLYWHEEL_ENV_KEY"  # verifiers drops variables whose names contain "API_KEY"
+KEY_VAR = "FW_ROLLOUT_KEY"  # verifiers drops names containing "API_KEY"; FLYWHEEL_* is config
 
 
 def _flat_alias(module: str) -> str:

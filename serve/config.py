@@ -19,6 +19,8 @@ class Deployment(StrictModel):
     url: str = Field(description="base URL of the deployment's frontend, e.g. http://127.0.0.1:8100")
     admin_urls: list[str] = Field(default_factory=list,
                                   description="workers' engine admin servers (LoRA load, weights)")
+    max_model_len: int | None = Field(None, ge=1, description="the engines' context length: longer "
+                                                              "requests are refused with a 400 up front")
 
 
 class ModelRoute(StrictModel):

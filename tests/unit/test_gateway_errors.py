@@ -110,3 +110,20 @@ def test_an_adapter_name_that_looks_like_a_path_is_400(client, name):
                        ("/unload_lora_adapter", {"lora_name": name})):
         r = client.post(path, json=body, headers={"Authorization": "Bearer adm"})
         assert_openai_error(r, 400, "lora_name")
+
+
+def test_what_cannot_fit_the_context_is_400_context_length_exceeded_with_both_numbers(tmp_path):
+    cfg = GatewayConfig(deployments=[Deployment(name="d", url="http://127.0.0.1:9", max_model_len=2048)],
+                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+                        traces_dir=str(tmp_path / "traces"))
+    with TestClient(create_app(cfg)) as c:
+        err = assert_openai_error(c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 10**9}),
+                                  400, "max_tokens")
+        assert err["code"] == "context_length_exceeded" and "2048" in err["message"] and str(10**9) in err["message"]
+        err = assert_openai_error(c.post("/v1/completions", json={"model": "tiny", "prompt": list(range(2000)),
+                                                                  "max_tokens": 100}), 400, "prompt")
+        assert "2048" in err["message"] and "2100" in err["message"]
+        err = assert_openai_error(c.post("/inference/v1/generate", json={
+            "model": "tiny", "token_ids": list(range(2040)), "sampling_params": {"max_tokens": 16}}), 400, "prompt")
+        assert err["code"] == "context_length_exceeded"
+        assert c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 100}).status_code == 503  # fits: sent
