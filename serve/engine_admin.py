@@ -11,12 +11,11 @@ use a LoRA, or a blue-green deployment of the full checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-
 import asyncio
-from urllib.parse import quote
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Callable
+from urllib.parse import quote
 
 import httpx
 from fastapi import APIRouter, Request

@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-
 import asyncio
 import json
 import logging
 import time
+from collections.abc import MutableMapping
 
 import httpx
 from fastapi.responses import StreamingResponse
