@@ -147,10 +147,10 @@ def test_a_unary_request_longer_than_the_lease_ttl_completes_once_and_is_charged
     before = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {key}"}).json()["spent_tokens"]
     out = {}
 
-    def long_unary():  # ~600 tokens at the mocker's real-time pace: several seconds, TTL is 2 s
+    def long_unary():  # 900 tokens at the mocker's real-time pace: ~5-6 s, the TTL is 2 s
         out["r"] = httpx.post(f"{url}/v1/chat/completions", timeout=120, headers={
             "Authorization": f"Bearer {key}", "X-Env-ID": "long-unary"},
-            json={"model": "tiny-a", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 600})
+            json={"model": "tiny-a", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 900})
 
     t = threading.Thread(target=long_unary)
     t.start()

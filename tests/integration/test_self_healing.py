@@ -115,16 +115,17 @@ def test_streams_on_a_killed_worker_finish_on_the_other_and_the_worker_comes_bac
     pm = ProcessManager(healing.run_dir)
     wait_until(lambda: worker_registered(healing, 0) and worker_registered(healing, 1), 60, "both workers")
     results: list[tuple[int, str | None]] = []
+    # 16 streams: the router spreads them over both workers, so some run on the one killed
     threads = [threading.Thread(target=lambda i=i: results.append(chat(healing, 1000 + i, True, 400)))
-               for i in range(8)]
+               for i in range(16)]
     for t in threads:
         t.start()
-    time.sleep(1.5)  # the streams are running (400 tokens at the mocker's real-time pace)
+    time.sleep(1.5)  # the streams are running (400 tokens at the mocker's real-time pace: ~2.5 s)
     victim = pm.pid("worker-0")
     os.killpg(victim, signal.SIGKILL)
     for t in threads:
         t.join(120)
-    assert [code for code, _ in results] == [200] * 8, "a stream on the killed worker did not complete"
+    assert [code for code, _ in results] == [200] * 16, "a stream on the killed worker did not complete"
     migrated = (healing.run_dir / "frontend.log").read_text(errors="replace").count("migration retry scheduled")
     assert migrated >= 1, "no request was running on the killed worker"
     wait_until(lambda: pm.pid("worker-0") not in (None, victim) and worker_registered(healing, 0), 30,
@@ -162,7 +163,8 @@ def test_up_on_a_half_dead_stack_starts_only_what_is_missing(healing):
 
 
 def _fill(path):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    """Fill the disk up: whatever room there is (the mover frees pages as it converts) is taken."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         while os.write(fd, b"\0" * 65536):
             pass
@@ -186,6 +188,7 @@ def test_a_full_or_read_only_spool_fails_requests_cleanly_and_the_gateway_recove
         # the open segment's last page may still take a record, and a converted segment frees
         # its pages: whatever succeeds is acknowledged and must be kept, whatever fails is refused
         for i in range(30):
+            _fill(filler)  # full again right now, whatever the mover freed since
             stream = i % 2 == 1
             body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
                     "stream": stream}
