@@ -17,7 +17,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from serve.config import ModelRoute
-from serve.shared_state import SharedState
+from serve.shared_state import LOCAL, SharedState
 
 log = logging.getLogger(__name__)
 HASH, VERSION = "flywheel:routes", "flywheel:routes:version"
@@ -31,7 +31,7 @@ class RouteTable(MutableMapping):
         saved = self._read_file()
         if saved is not None:
             self._routes = saved
-        if not self._pull() and self.state.client() is not None:
+        if not self._pull():
             self._push()  # Redis holds no table yet (or lost it): ours becomes the shared one
 
     # -- the mapping (what the gateway reads and the admin routes change) ---------------------
@@ -58,59 +58,47 @@ class RouteTable(MutableMapping):
     def refresh(self) -> bool:
         """Take up a change another replica made; True if the table changed. Cheap when
         nothing did (one GET)."""
-        client = self.state.client()
-        if client is None:
-            return False
-        import redis
-        try:
-            version = client.get(VERSION)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self.state.failed(exc)
+        version = self.state.call(lambda client: client.get(VERSION))
+        if version is LOCAL:
             return False
         if version is None:  # Redis restarted empty: hand it our table
             self._push()
             return False
-        if version == self._version:
-            return False
-        return self._pull()
+        return version != self._version and self._pull()
 
     def _changed(self) -> None:
         self._write_file()
         self._push()
 
     def _pull(self) -> bool:
-        client = self.state.client()
-        if client is None:
-            return False
-        import redis
-        try:
+        def read(client):
             with client.pipeline(transaction=True) as pipe:
-                version, table = pipe.get(VERSION).hgetall(HASH).execute()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self.state.failed(exc)
+                return pipe.get(VERSION).hgetall(HASH).execute()
+
+        got = self.state.call(read)
+        if got is LOCAL or got[0] is None:
             return False
-        if version is None:
-            return False
+        version, table = got
         self._routes = {a: ModelRoute.model_validate_json(r) for a, r in table.items()}
         self._version = version
         self._write_file()
         return True
 
     def _push(self) -> None:
-        client = self.state.client()
-        if client is None:
-            return
-        import redis
-        try:
+        def write(client):
             with client.pipeline(transaction=True) as pipe:
                 pipe.delete(HASH)
                 if self._routes:
                     pipe.hset(HASH, mapping={a: r.model_dump_json() for a, r in self._routes.items()})
                 pipe.incr(VERSION)
-                self._version = str(pipe.execute()[-1])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self.state.failed(exc)
-            log.warning("alias change not shared (Redis unreachable); it is saved in %s", self.path)
+                return str(pipe.execute()[-1])
+
+        version = self.state.call(write)
+        if version is LOCAL:
+            if self.state.redis_url:
+                log.warning("alias change not shared (Redis unreachable); it is saved in %s", self.path)
+            return
+        self._version = version
 
     def _read_file(self) -> dict[str, ModelRoute] | None:
         if self.path is None or not self.path.exists():

@@ -49,11 +49,17 @@ class SharedState:
     def run(self, name: str, source: str, keys: list[str], args: list):
         """Run a Lua script (atomic in Redis). Returns :data:`LOCAL` when there is no shared state
         right now (not configured, known down, or failing now): the caller uses its local state."""
-        if self.client() is None:
+        return self.call(lambda _: self.script(name, source)(keys=keys, args=args))
+
+    def call(self, fn):
+        """``fn(client)`` against Redis; :data:`LOCAL` when there is no shared state right now
+        (not configured, known down, or failing now), as for :meth:`run`."""
+        client = self.client()
+        if client is None:
             return LOCAL
         import redis
         try:
-            return self.script(name, source)(keys=keys, args=args)
+            return fn(client)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.failed(exc)
             return LOCAL

@@ -171,9 +171,10 @@ class TraceStore:
 
     def sql(self, query: str, limit: int | None = None) -> pa.Table:
         """Run a query over this store's snapshot (its last ``refresh``) and return an Arrow
-        table (its first ``limit`` rows, if given). If housekeeping removed a file of the snapshot meanwhile (a compaction's inputs,
-        an expired day), an unlocked store takes a new snapshot and runs the query once more;
-        a sandboxed one raises :class:`SnapshotGone` (open a new store)."""
+        table (its first ``limit`` rows, if given). If housekeeping removed a file of the
+        snapshot meanwhile (a compaction's inputs, an expired day), an unlocked store takes a
+        new snapshot and runs the query once more; a sandboxed one raises :class:`SnapshotGone`
+        (open a new store)."""
         try:
             return self._fetch(query, limit)
         except duckdb.IOException as exc:
