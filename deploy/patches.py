@@ -26,6 +26,16 @@ SEEDED_DISCARD = ("""            if gen is not None:
                 gen.set_offset(gen.get_offset() - 4)""")
 
 
+# NIXL's Python wrapper hard-codes a zero poll timeout for the UCX backend's progress thread
+# (``pthrDelay`` microseconds): an idle P/D worker spins a core in poll(..., 0), on 2 cores the
+# workers' discovery keep-alives starve and their registrations lapse. Events still wake the
+# thread through the UCX workers' fds, so 100 ms is only a fallback wake-up (measured: idle
+# P/D stack 1.9 -> 0.05 cores busy; see shared/notes/found-2026-12-01.md). vLLM loads whichever
+# variant the `nixl` package picks, so both are patched.
+NIXL_DELAY = ("        agent_config.pthrDelay = 0\n",
+              "        agent_config.pthrDelay = 100000  # flywheel: 100 ms fallback, not a busy poll\n")
+
+
 def _module_file(module: str) -> Path | None:
     spec = importlib.util.find_spec(module.split(".")[0])
     if spec is None or not spec.submodule_search_locations:
@@ -49,6 +59,8 @@ def patch(module: str, old: str, new: str) -> str:
 def main() -> int:
     print(patch("dynamo.vllm.multimodal_utils.models.qwen", *QWEN_IMPORT))
     print(patch("vllm.v1.worker.gpu_model_runner", *SEEDED_DISCARD))
+    for variant in ("nixl_cu12", "nixl_cu13"):
+        print(patch(f"{variant}._api", *NIXL_DELAY))
     return 0
 
 
