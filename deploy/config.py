@@ -151,6 +151,12 @@ class StackConfig(StrictModel):
     def home_path(self) -> Path:
         return Path(self.home).resolve()
 
+    def anchored(self) -> "StackConfig":
+        """The same configuration with absolute paths, for a process started in another directory
+        (components run with the run dir as their working directory)."""
+        return self.model_copy(update={"home": str(self.home_path),
+                                       "model_dir": str(self.model_path) if self.model_dir else None})
+
     @property
     def run_dir(self) -> Path:
         return self.home_path / "run"
@@ -190,6 +196,7 @@ class StackConfig(StrictModel):
         if not gw.deployments:
             gw.deployments = [Deployment(
                 name="local", url=self.frontend_url, max_model_len=self.worker.max_model_len,
+                model_path=str(self.model_path),
                 admin_urls=[self.worker_admin_url(i) for i in range(self.worker.count)])]
         if not gw.models:
             name = self.worker.served_model_name

@@ -197,7 +197,7 @@ def ensure_model(cfg: StackConfig) -> None:
 
 def supervisor_component(cfg: StackConfig) -> Component:
     path = cfg.run_dir / "stack.json"
-    write_private(path, cfg.model_dump_json(indent=2))
+    write_private(path, cfg.anchored().model_dump_json(indent=2))
     return Component(name="supervisor", argv=[sys.executable, "-m", "deploy.supervisor", "--config", str(path)],
                      env={"PYTHONUNBUFFERED": "1"})
 

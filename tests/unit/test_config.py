@@ -125,3 +125,19 @@ def test_every_profile_loads_with_strict_keys():
     from deploy.config import PROFILES_DIR
     for profile in PROFILES_DIR.glob("*.toml"):
         load_config(profile.stem, environ={})
+
+
+def test_the_supervisor_finds_the_stack_when_the_home_was_given_relative(tmp_path, monkeypatch):
+    """It runs in the run dir: a relative home must not be read again from there (it was, and the
+    supervisor restarted components it could not see into a nested run dir)."""
+    from deploy.config import StackConfig
+    from deploy.launcher import supervisor_component
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("local", ["home=.flywheel", "model_dir=models/mine"], environ={})
+    argv = supervisor_component(cfg).argv
+    monkeypatch.chdir(cfg.run_dir)
+    seen = StackConfig.model_validate_json(open(argv[argv.index("--config") + 1]).read())
+    assert seen.run_dir == tmp_path / ".flywheel" / "run"
+    assert seen.model_path == tmp_path / "models" / "mine"
+    assert seen.resolved_gateway().traces_dir == str(tmp_path / ".flywheel" / "traces")
