@@ -1,8 +1,9 @@
-"""LoRA adapters a (re)started worker must load again: every adapter the alias table names.
+"""What a (re)started worker must load again: the full weights reloaded into its deployment in
+place, and every LoRA adapter the alias table names.
 
-A worker loads adapters at run time only, so one that the supervisor restarted, or that
-`flywheel up` started after a `down`, comes back with none, while the gateway's persisted alias
-table (``gateway.routes_file``) may still point an alias at one.
+A worker starts on the configured model with no adapters, so one that the supervisor restarted,
+or that `flywheel up` started after a `down`, would serve other weights than the gateway's
+persisted alias table (``gateway.routes_file``) records.
 """
 
 from __future__ import annotations
@@ -15,26 +16,51 @@ import httpx
 from deploy.config import StackConfig
 from serve.config import ModelRoute
 from serve.engine_admin import LORA_ROUTE, lora_load_body
+from serve.weights import PAUSE, RESUME, UPDATE
+
+
+def _routes(cfg: StackConfig) -> list[ModelRoute]:
+    try:
+        table = json.loads(Path(cfg.resolved_gateway().routes_file).read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    return [ModelRoute.model_validate(r) for r in table.values()]
 
 
 def named_adapters(cfg: StackConfig) -> dict[str, str]:
     """Adapter name -> directory, for every route of the persisted table that serves a LoRA."""
-    path = Path(cfg.resolved_gateway().routes_file)
-    try:
-        table = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    routes = [ModelRoute.model_validate(r) for r in table.values()]
-    return {r.upstream_model: r.lora_path for r in routes if r.lora_path and Path(r.lora_path).is_dir()}
+    return {r.upstream_model: r.lora_path for r in _routes(cfg) if r.lora_path and Path(r.lora_path).is_dir()}
+
+
+def swapped_weights(cfg: StackConfig) -> tuple[str, str] | None:
+    """(directory, version) of full weights reloaded in place, when they are not the start model."""
+    for r in _routes(cfg):
+        if r.lora_path is None and r.weight_dir and Path(r.weight_dir) != cfg.model_path:
+            return r.weight_dir, r.checkpoint_version
+    return None
+
+
+def _call(cfg: StackConfig, worker: int, path: str, body: dict, what: str) -> None:
+    r = httpx.post(cfg.worker_admin_url(worker) + path, json=body, timeout=720)
+    data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    if r.status_code >= 400 or data.get("status") == "error":
+        raise RuntimeError(f"worker-{worker} refused {what}: {data.get('message') or r.text[:200]}")
 
 
 def reload_adapters(cfg: StackConfig, worker: int) -> list[str]:
-    """Load every named adapter on worker ``worker``; returns their names. Raises on a refusal."""
+    """Reload the swapped-in weights and every named adapter on worker ``worker``; returns what
+    it loaded. Raises on a refusal."""
     loaded = []
+    swapped = swapped_weights(cfg)
+    if swapped:
+        weight_dir, version = swapped
+        _call(cfg, worker, PAUSE, {"mode": "keep", "clear_cache": False}, "a pause")
+        try:
+            _call(cfg, worker, UPDATE, {"model_path": weight_dir, "weight_version": version}, f"weights {version!r}")
+        finally:
+            _call(cfg, worker, RESUME, {}, "a resume")
+        loaded.append(f"weights {version}")
     for name, path in sorted(named_adapters(cfg).items()):
-        r = httpx.post(cfg.worker_admin_url(worker) + LORA_ROUTE, json=lora_load_body(name, path), timeout=120)
-        data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-        if r.status_code >= 400 or data.get("status") == "error":
-            raise RuntimeError(f"worker-{worker} refused adapter {name!r}: {data.get('message') or r.text[:200]}")
+        _call(cfg, worker, LORA_ROUTE, lora_load_body(name, path), f"adapter {name!r}")
         loaded.append(name)
     return loaded

@@ -121,7 +121,7 @@ def _swap(cfg: StackConfig):
     gw = cfg.resolved_gateway()
     registry = Registry(cfg.home_path / "checkpoints.json")
     return registry, HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, registry,
-                             gw.deployments[0].name, cfg.worker.served_model_name)
+                             gw.deployments[0].name, cfg.worker.served_model_name, cfg.model_path)
 
 
 @ckpt_app.command("register")
@@ -161,7 +161,8 @@ def ckpt_list(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
 @ckpt_app.command("deploy")
 def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None),
                 profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
-    """Load a checkpoint on every worker, then move the alias to it."""
+    """Load a checkpoint on every worker, then move the alias to it (a LoRA is loaded beside the
+    base weights; a full checkpoint is reloaded in place, pausing the deployment for the reload)."""
     from feedback.hotswap import HotSwapError
     from feedback.registry import RegistryError
 

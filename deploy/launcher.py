@@ -256,7 +256,7 @@ def _reload_adapters(cfg: StackConfig, workers: list[str]) -> None:
             console.print(f"[yellow]{name}: could not load the alias table's adapters:[/] {exc}")
             continue
         if loaded:
-            console.print(f"{name}: loaded adapters {', '.join(loaded)} (named by the alias table)")
+            console.print(f"{name}: loaded {', '.join(loaded)} (named by the alias table)")
 
 
 def down(cfg: StackConfig) -> list[str]:

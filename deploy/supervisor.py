@@ -144,7 +144,7 @@ class Supervisor:
             return
         w.adapters_pending = False
         if names:
-            log.info("%s: loaded adapters %s again", comp.name, ", ".join(names))
+            log.info("%s: loaded %s again", comp.name, ", ".join(names))
 
     def _restart(self, comp: Component, w: Watch, reason: str, now: float, stop_first: bool = False) -> None:
         if now < w.next_attempt:

@@ -48,29 +48,12 @@ def _batch(rows: Sequence[dict], pad_id: int, max_len: int):
     return input_ids, mask, label_ids
 
 
-def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path,
-               cfg: TrainConfig = TrainConfig(),
-               progress: Callable[[int, float], None] | None = None,
-               init_adapter: str | Path | None = None) -> Path:
-    """Fine-tune a LoRA adapter on ``rows`` (dicts with prompt/completion token ids) and save it
-    in PEFT's layout (``adapter_config.json`` + ``adapter_model.safetensors``). With
-    ``init_adapter``, training continues from that adapter (the parent checkpoint)."""
+def _fit(model, rows: Sequence[dict], pad_id: int, cfg: TrainConfig,
+         progress: Callable[[int, float], None] | None) -> list[float]:
+    """AdamW on the completion tokens of random batches of ``rows``; the loss of each step."""
     import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    rows = [r for r in rows if r.get("completion_token_ids")]
-    if not rows:
-        raise ValueError("no training rows with completion tokens")
-    torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
-    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    if init_adapter is not None:
-        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
-    else:
-        model = get_peft_model(model, LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,
-                                                 target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     model.train()
     losses = []
@@ -84,10 +67,68 @@ def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
         losses.append(loss.item())
         if progress:
             progress(step + 1, losses[-1])
+    return losses
+
+
+def _with_completions(rows: Sequence[dict]) -> list[dict]:
+    rows = [r for r in rows if r.get("completion_token_ids")]
+    if not rows:
+        raise ValueError("no training rows with completion tokens")
+    return rows
+
+
+def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path,
+               cfg: TrainConfig = TrainConfig(),
+               progress: Callable[[int, float], None] | None = None,
+               init_adapter: str | Path | None = None) -> Path:
+    """Fine-tune a LoRA adapter on ``rows`` (dicts with prompt/completion token ids) and save it
+    in PEFT's layout (``adapter_config.json`` + ``adapter_model.safetensors``). With
+    ``init_adapter``, training continues from that adapter (the parent checkpoint)."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    rows = _with_completions(rows)
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    if init_adapter is not None:
+        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
+    else:
+        model = get_peft_model(model, LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,
+                                                 target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    losses = _fit(model, rows, pad_id, cfg, progress)
     out = Path(out_dir)
     model.save_pretrained(out)
     (out / "flywheel_train.json").write_text(json.dumps(
         {"base_model": str(base_model), "init_adapter": str(init_adapter) if init_adapter else None,
          "rows": len(rows), "config": cfg.__dict__,
+         "loss_first": losses[0], "loss_last": losses[-1]}, indent=2))
+    return out
+
+
+def train_full(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path,
+               cfg: TrainConfig = TrainConfig(lr=1e-4),
+               progress: Callable[[int, float], None] | None = None) -> Path:
+    """Fine-tune every parameter of ``base_model`` on ``rows`` and save a complete Hugging Face
+    checkpoint (config, ``model.safetensors`` and the base's tokenizer files), the layout
+    ``POST /update_weights`` reloads in place and a new deployment can start from."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    rows = _with_completions(rows)
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    losses = _fit(model, rows, pad_id, cfg, progress)
+    out = Path(out_dir)
+    model.save_pretrained(out, safe_serialization=True)
+    for f in Path(base_model).iterdir():  # the tokenizer and anything else that is not weights
+        if f.is_file() and f.suffix != ".safetensors" and not (out / f.name).exists():
+            shutil.copy2(f, out / f.name)
+    (out / "flywheel_train.json").write_text(json.dumps(
+        {"base_model": str(base_model), "kind": "full", "rows": len(rows), "config": cfg.__dict__,
          "loss_first": losses[0], "loss_last": losses[-1]}, indent=2))
     return out

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from serve import engine_admin, feedback_api, trace_query
+from serve import engine_admin, feedback_api, trace_query, weights
 from serve.admission import Admission
 from serve.affinity import Affinity
 from serve.auth import Caller, authenticate, require_admin
@@ -75,6 +75,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     app.include_router(trace_query.router(config.traces_dir, caller_of, config.query_timeout_s))
     app.include_router(feedback_api.router(config.traces_dir, caller_of))
     app.include_router(engine_admin.router(config, routes, lambda r: require_admin(r, config)))
+    app.include_router(weights.router(config, routes, lambda r: require_admin(r, config)))
 
     @app.get("/health")
     async def health():
@@ -99,9 +100,19 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
 
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [
-            {"id": alias, "object": "model", "owned_by": "flywheel",
-             "checkpoint_version": r.checkpoint_version} for alias, r in sorted(routes.items())]}
+        return {"object": "list", "data": [_model_card(alias, r) for alias, r in sorted(routes.items())]}
+
+    def _model_card(alias: str, r: ModelRoute) -> dict:
+        """vLLM's card (``root``, ``parent`` for an adapter, ``max_model_len``: prime-rl sizes its
+        concurrency from it) plus the checkpoint the alias serves."""
+        dep = next((d for d in config.deployments if d.name == r.deployment), None)
+        base = next((b.upstream_model for b in routes.values()
+                     if b.deployment == r.deployment and b.lora_path is None), None)
+        return {"id": alias, "object": "model", "owned_by": "flywheel",
+                "root": r.lora_path or r.weight_dir or (dep.model_path if dep else None) or r.upstream_model,
+                "parent": None if r.lora_path is None else base,
+                "max_model_len": dep.max_model_len if dep else None,
+                "checkpoint_version": r.checkpoint_version}
 
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request):

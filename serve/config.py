@@ -21,6 +21,8 @@ class Deployment(StrictModel):
                                   description="workers' engine admin servers (LoRA load, weights)")
     max_model_len: int | None = Field(None, ge=1, description="the engines' context length: longer "
                                                               "requests are refused with a 400 up front")
+    model_path: str | None = Field(None, description="the checkpoint the workers start on (an in-place "
+                                                     "reload is checked against it and rolled back to it)")
 
 
 class ModelRoute(StrictModel):
@@ -33,6 +35,8 @@ class ModelRoute(StrictModel):
     checkpoint_version: str = "base"
     lora_path: str | None = Field(None, description="the adapter's directory when upstream_model is a "
                                                     "LoRA, so a restarted worker can load it again")
+    weight_dir: str | None = Field(None, description="the full weights reloaded in place into the "
+                                                     "deployment (None: the ones it started on)")
 
 
 class ToolsConfig(StrictModel):

@@ -1,12 +1,9 @@
-"""Admin routes for weights, shaped like the inference-server API prime-rl calls.
+"""Admin routes for LoRA adapters, shaped like the inference-server API prime-rl calls.
 
 ``POST /load_lora_adapter {lora_name, lora_path}`` loads an adapter on every worker of a
 deployment (Dynamo's ``POST /v1/loras`` on each worker's status server), waits until the
 deployment's frontend lists it, and only then makes ``lora_name`` a model clients can ask for.
-``/unload_lora_adapter``, ``/pause`` and ``/resume`` act on every worker the same way.
-``/update_weights`` (a full-weight reload) is refused on engines where it is known to be wrong
-(vLLM-CPU repacks linear weights at load time, so an in-place reload serves stale weights):
-use a LoRA, or a blue-green deployment of the full checkpoint.
+``/unload_lora_adapter`` acts on every worker the same way. Full weights: serve/weights.py.
 """
 
 from __future__ import annotations
@@ -19,11 +16,12 @@ from urllib.parse import quote
 
 import httpx
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from serve.config import Deployment, GatewayConfig, ModelRoute
-from serve.errors import APIError, invalid_request
+from serve.errors import APIError
 from serve.openapi import json_body
+from serve.workers import on_workers, parse_body, pick_deployment
 
 
 LORA_ROUTE = "/v1/loras"  # Dynamo's LoRA route on a worker's system status server
@@ -59,36 +57,6 @@ class UnloadLora(BaseModel):
     deployment: str | None = None
 
 
-async def _parse(request: Request, model: type[BaseModel]):
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise invalid_request(exc.errors()) from None
-
-
-async def _on_workers(http: httpx.AsyncClient, dep: Deployment, method: str, path: str,
-                      body: dict | None = None) -> None:
-    if not dep.admin_urls:
-        raise APIError(409, f"deployment {dep.name!r} has no worker admin URLs configured",
-                       type="invalid_request_error")
-
-    async def one(url: str):
-        try:
-            r = await http.request(method, url + path, json=body, timeout=120)
-        except httpx.HTTPError as exc:
-            raise APIError(502, f"worker {url} unreachable: {type(exc).__name__}", type="server_error")
-        data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-        reason = data.get("message") or r.text[:300]
-        if 400 <= r.status_code < 500:  # the worker says the request was wrong, not that it broke
-            kind = "not_found_error" if r.status_code == 404 else "invalid_request_error"
-            raise APIError(r.status_code, f"worker {url} cannot do {path}: {reason}", type=kind)
-        # Dynamo reports logical failures as HTTP 200 with status "error"
-        if r.status_code >= 500 or data.get("status") == "error":
-            raise APIError(502, f"worker {url} failed {path}: {reason}", type="server_error")
-
-    await asyncio.gather(*(one(u) for u in dep.admin_urls))
-
-
 async def _wait_listed(http: httpx.AsyncClient, dep: Deployment, name: str, present: bool,
                        timeout_s: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
@@ -106,24 +74,18 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
            require_admin: Callable[[Request], None]) -> APIRouter:
     api = APIRouter()
 
-    def deployment(name: str | None) -> Deployment:
-        try:
-            return config.deployment(name) if name else config.deployments[0]
-        except (KeyError, IndexError):
-            raise APIError(400, f"unknown deployment {name!r}", param="deployment") from None
-
     @api.post("/load_lora_adapter", openapi_extra=json_body(LoadLora))
     @api.post("/v1/load_lora_adapter", openapi_extra=json_body(LoadLora))
     async def load_lora(request: Request):
         require_admin(request)
-        req = await _parse(request, LoadLora)
+        req = await parse_body(request, LoadLora)
         if not Path(req.lora_path).is_dir():
             raise APIError(400, f"lora_path {req.lora_path!r} is not a directory on the serving host",
                            param="lora_path")
-        dep = deployment(req.deployment)
+        dep = pick_deployment(config, req.deployment)
         http = request.app.state.http
         path = str(Path(req.lora_path).resolve())
-        await _on_workers(http, dep, "POST", LORA_ROUTE, lora_load_body(req.lora_name, path))
+        await on_workers(http, dep, "POST", LORA_ROUTE, lora_load_body(req.lora_name, path))
         await _wait_listed(http, dep, req.lora_name, present=True)
         routes[req.lora_name] = ModelRoute(deployment=dep.name, upstream_model=req.lora_name,
                                            checkpoint_version=req.checkpoint_version or req.lora_name,
@@ -134,38 +96,14 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
     @api.post("/v1/unload_lora_adapter", openapi_extra=json_body(UnloadLora))
     async def unload_lora(request: Request):
         require_admin(request)
-        req = await _parse(request, UnloadLora)
+        req = await parse_body(request, UnloadLora)
         in_use = sorted(a for a, r in routes.items() if r.upstream_model == req.lora_name and a != req.lora_name)
         if in_use:
             raise APIError(409, f"{req.lora_name!r} still serves alias(es) {in_use}; move them first",
                            param="lora_name")
-        dep = deployment(req.deployment)
-        await _on_workers(request.app.state.http, dep, "DELETE", f"/v1/loras/{quote(req.lora_name, safe='')}")
+        dep = pick_deployment(config, req.deployment)
+        await on_workers(request.app.state.http, dep, "DELETE", f"/v1/loras/{quote(req.lora_name, safe='')}")
         routes.pop(req.lora_name, None)
         return {"status": "success", "lora_name": req.lora_name}
-
-    @api.post("/pause")
-    async def pause(request: Request):
-        require_admin(request)
-        dep = deployment(request.query_params.get("deployment"))
-        mode = request.query_params.get("mode", "keep")
-        await _on_workers(request.app.state.http, dep, "POST", "/engine/pause_generation",
-                          {"mode": mode, "clear_cache": request.query_params.get("clear_cache") == "true"})
-        return {"status": "success", "paused": dep.name}
-
-    @api.post("/resume")
-    async def resume(request: Request):
-        require_admin(request)
-        dep = deployment(request.query_params.get("deployment"))
-        await _on_workers(request.app.state.http, dep, "POST", "/engine/resume_generation", {})
-        return {"status": "success", "resumed": dep.name}
-
-    @api.post("/update_weights")
-    async def update_weights(request: Request):
-        require_admin(request)
-        raise APIError(501, "in-place full-weight reload is not supported on this deployment's engine "
-                            "(vLLM-CPU serves stale pre-packed weights after reload_weights); load the "
-                            "checkpoint as a LoRA (/load_lora_adapter) or deploy it blue-green",
-                       type="invalid_request_error", param="weight_dir")
 
     return api

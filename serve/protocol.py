@@ -23,6 +23,8 @@ class _Request(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = None
     stop: str | list[str] | None = Field(None, description="up to 4 stop strings")
+    cache_salt: str | None = Field(None, min_length=1, description="requests share prefix-cache KV only "
+                                   "with requests of the same salt (e.g. one per policy version)")
 
     @field_validator("stop")
     @classmethod

@@ -15,14 +15,27 @@ from deploy.config import load_config
 from deploy.launcher import down, up
 
 
+LOCAL_STACK = ["gateway.port=18000", "frontend.port=18100", "worker.system_port_base=18200",
+               "worker.nixl_port_base=15600",
+               # a random-weight model never ends an unbounded value: bound them
+               "gateway.tools.max_string_length=12", "gateway.tools.max_array_items=3"]
+
+
+def flywheel_cli(cfg, *args: str):
+    """Run the `flywheel` command a user would, against the test stack ``cfg``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sets = [a for kv in [f"home={cfg.home}", *LOCAL_STACK] for a in ("--set", kv)]
+    return subprocess.run([str(Path(sys.executable).parent / "flywheel"), *args, *sets], capture_output=True,
+                          text=True, timeout=900)
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     home = tmp_path_factory.mktemp("flywheel-home")
-    cfg = load_config("local", [f"home={home}", "gateway.port=18000", "frontend.port=18100",
-                                "worker.system_port_base=18200", "worker.nixl_port_base=15600",
-                                # a random-weight model never ends an unbounded value: bound them
-                                "gateway.tools.max_string_length=12", "gateway.tools.max_array_items=3"],
-                      environ={})
+    cfg = load_config("local", [f"home={home}", *LOCAL_STACK], environ={})
     t0 = time.monotonic()
     up(cfg)
     print(f"\nstack up in {time.monotonic() - t0:.0f} s")
@@ -65,7 +78,7 @@ def base_alias(stack):
     from feedback.registry import Registry
     gw = stack.resolved_gateway()
     HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, Registry(stack.home_path / "checkpoints.json"),
-            gw.deployments[0].name, "tiny").reset("tiny")
+            gw.deployments[0].name, "tiny", stack.model_path).reset("tiny")
 
 
 def exposed_listeners(cfg) -> tuple[set[str], list]:

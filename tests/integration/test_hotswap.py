@@ -1,7 +1,6 @@
 """A LoRA hot-swap under steady load: no failed request, one switch-over point in the traces,
 and the new outputs are the new weights' (logprobs checked against a Hugging Face forward)."""
 
-import threading
 import time
 
 import httpx
@@ -10,7 +9,8 @@ import torch
 
 from feedback.hotswap import HotSwap
 from feedback.registry import BASE, Registry
-from feedback.train import TrainConfig, train_lora
+from feedback.train import TrainConfig, train_full, train_lora
+from tests.integration.steady_load import SteadyLoad
 from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
@@ -44,44 +44,13 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
     version = f"hotswap-test-{int(time.time())}"
     registry.register(version, "lora", ckpt, str(stack.model_path))
 
-    results, stop = [], threading.Event()
-
-    def load():  # 20 requests per second, each on its own thread so slow ones do not throttle
-        workers = []
-        while not stop.is_set():
-            def one():
-                try:
-                    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, headers={"X-Env-ID": "swap-load"},
-                                   json={"model": "tiny", "messages": PROMPT, "max_tokens": 6,
-                                         "temperature": 0, "logprobs": True})
-                    results.append(r)
-                except httpx.HTTPError as exc:
-                    results.append(exc)
-            t = threading.Thread(target=one)
-            t.start()
-            workers.append(t)
-            time.sleep(0.05)
-        for t in workers:
-            t.join()
-
-    def wait_for_answers(n: int) -> None:  # counts, not rates: a slow machine just takes longer
-        deadline = time.monotonic() + 120
-        while len(results) < n:
-            assert time.monotonic() < deadline, f"only {len(results)} of {n} requests answered"
-            time.sleep(0.05)
-
-    loader = threading.Thread(target=load)
-    loader.start()
-    try:
-        wait_for_answers(20)              # traffic before the swap...
+    body = {"model": "tiny", "messages": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": True}
+    with SteadyLoad(f"{url}/v1/chat/completions", body, rps=20, headers={"X-Env-ID": "swap-load"}) as load:
+        load.wait_for(20)                        # traffic before the swap...
         swap.deploy("tiny", version)
-        wait_for_answers(len(results) + 20)  # ...and after it
-    finally:
-        stop.set()
-        loader.join()
-
-    failed = [r for r in results if not isinstance(r, httpx.Response) or r.status_code != 200]
-    assert not failed, (len(results), failed[:3])
+        load.wait_for(len(load.results) + 20)    # ...and after it
+    results = load.results
+    assert not load.failed(), (len(results), load.failed()[:3])
 
     store = TraceStore(stack.traces_path)
     deadline = time.monotonic() + 15
@@ -115,7 +84,7 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
     assert models["tiny"] == BASE
 
 
-def test_a_killed_worker_comes_back_by_itself_with_the_adapter_its_alias_serves(stack, tmp_path):
+def test_a_killed_worker_comes_back_by_itself_with_the_weights_and_adapter_its_aliases_serve(stack, tmp_path):
     import os
     import signal
 
@@ -124,12 +93,28 @@ def test_a_killed_worker_comes_back_by_itself_with_the_adapter_its_alias_serves(
     gw = stack.resolved_gateway()
     url = f"http://{gw.host}:{gw.port}"
     registry = Registry(stack.home_path / "checkpoints.json")
-    swap = HotSwap(url, gw.admin_key, registry, gw.deployments[0].name, "tiny")
-    rows = [{"prompt_token_ids": list(range(10, 40)), "completion_token_ids": [500, 501, 502, 503]}] * 4
+    swap = HotSwap(url, gw.admin_key, registry, gw.deployments[0].name, "tiny", stack.model_path)
+    rows = [{"prompt_token_ids": list(range(10, 40)), "completion_token_ids": [500, 501, 502, 503]}] * 8
     ckpt = train_lora(stack.model_path, rows, tmp_path / "lora", TrainConfig(steps=3, lr=1e-2))
     version = f"survivor-{int(time.time())}"
     registry.register(version, "lora", ckpt, str(stack.model_path))
     swap.deploy("tiny-survivor", version)
+    # and full weights reloaded in place under `tiny`, which a restarted worker must not forget
+    full = train_full(stack.model_path, rows, tmp_path / "full", TrainConfig(steps=10, lr=1e-3))
+    registry.register(f"{version}-full", "full", full, str(stack.model_path))
+    swap.deploy("tiny", f"{version}-full")
+
+    def greedy() -> list[int] | None:
+        try:
+            r = httpx.post(f"{url}/inference/v1/generate", timeout=30, json={
+                "model": "tiny", "token_ids": list(range(10, 40)),
+                "sampling_params": {"max_tokens": 4, "temperature": 0}})
+        except httpx.HTTPError:
+            return None
+        return r.json()["choices"][0]["token_ids"] if r.status_code == 200 else None
+
+    swapped = greedy()
+    assert swapped == [500, 501, 502, 503], swapped
 
     def serves(model: str) -> bool:
         try:
@@ -145,8 +130,9 @@ def test_a_killed_worker_comes_back_by_itself_with_the_adapter_its_alias_serves(
     os.killpg(victim, signal.SIGKILL)
     t0 = time.monotonic()
     # no command: the supervisor restarts the worker, which loads the alias's adapter again
-    while not (pm.pid("worker-0") not in (None, victim) and serves("tiny-survivor")):
-        assert time.monotonic() - t0 < 240, "the killed vLLM worker did not come back serving its adapter"
+    while not (pm.pid("worker-0") not in (None, victim) and serves("tiny-survivor") and greedy() == swapped):
+        assert time.monotonic() - t0 < 240, "the killed vLLM worker did not come back serving its weights"
         time.sleep(1)
-    print(f"\nvLLM worker killed -> serving its LoRA alias again in {time.monotonic() - t0:.0f} s")
-    assert serves("tiny")
+    print(f"\nvLLM worker killed -> serving its full weights and LoRA alias again in {time.monotonic() - t0:.0f} s")
+    swap.reset("tiny")
+    assert greedy() != swapped

@@ -1,0 +1,185 @@
+"""Full-weight swaps in place, as prime-rl drives them (pause keep -> update_weights -> resume) and
+as `flywheel checkpoint deploy/rollback` does, under steady load: nothing fails, a request sent
+while paused finishes after the resume, and what is served afterwards is the new checkpoint's
+greedy output by a Hugging Face forward of it (and not the old one's)."""
+
+import json
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from feedback.hotswap import HotSwap
+from feedback.registry import BASE, Registry
+from feedback.train import TrainConfig, train_full
+from tests.integration.conftest import flywheel_cli
+from tests.integration.steady_load import SteadyLoad
+from traces.store import TraceStore
+
+pytestmark = pytest.mark.integration
+
+PROMPT_IDS = list(range(10, 40))
+LOAD = {"model": "tiny", "messages": [{"role": "user", "content": "Reverse the word: full"}],
+        "max_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(stack, tmp_path_factory):
+    """Two full fine-tunes that answer PROMPT_IDS with different fixed sequences."""
+    out = tmp_path_factory.mktemp("full")
+
+    def trained(name: str, target: list[int]):
+        rows = [{"prompt_token_ids": PROMPT_IDS, "completion_token_ids": target}] * 8
+        return train_full(stack.model_path, rows, out / name, TrainConfig(steps=10, lr=1e-3))
+
+    return trained("step_1", [500, 501, 502, 503]), trained("step_2", [600, 601, 602, 603])
+
+
+@pytest.fixture
+def admin(stack):
+    gw = stack.resolved_gateway()
+    url = f"http://{gw.host}:{gw.port}"
+    headers = {"Authorization": f"Bearer {gw.admin_key}"}
+    swap = HotSwap(url, gw.admin_key, Registry(stack.home_path / "checkpoints.json"),
+                   gw.deployments[0].name, "tiny", stack.model_path)
+    swap.reset("tiny")
+    yield url, headers, swap
+    swap.reset("tiny")  # the session's other tests expect the base weights
+
+
+def served_greedy(url: str, headers: dict) -> list[int]:
+    r = httpx.post(f"{url}/inference/v1/generate", headers=headers, timeout=60, json={
+        "model": "tiny", "token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 6, "temperature": 0}})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["token_ids"]
+
+
+def greedy_gaps(model_dir, completion: list[int]) -> list[float]:
+    """Per position: how far (nats) each served token is below that checkpoint's argmax."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([PROMPT_IDS + completion])).logits[0].float(), -1)
+    n = len(PROMPT_IDS)
+    return [(logp[n - 1 + i].max() - logp[n - 1 + i, t]).item() for i, t in enumerate(completion)]
+
+
+def assert_serves(url, headers, new_dir, old_dir) -> None:
+    served = served_greedy(url, headers)
+    new, old = greedy_gaps(new_dir, served), greedy_gaps(old_dir, served)
+    print(f"\nserved {served}: max gap to new argmax {max(new):.4f}, to old {max(old):.2f}")
+    assert max(new) < 0.1, (served, new)   # the new weights' argmax at every position
+    assert max(old) > 0.1, (served, old)   # and not what the old weights would say
+
+
+def post(url, path, headers, **kw):
+    r = httpx.post(f"{url}{path}", headers=headers, timeout=720, **kw)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_prime_rl_pause_update_resume_twice_under_load(stack, admin, checkpoints):
+    url, headers, _ = admin
+    step_1, step_2 = checkpoints
+    with SteadyLoad(f"{url}/v1/chat/completions", LOAD, rps=20, headers={"X-Env-ID": "full-load"}) as load:
+        load.wait_for(20)
+        for old, new in [(stack.model_path, step_1), (step_1, step_2)]:
+            post(url, "/pause?mode=keep&clear_cache=false", headers)
+            paused = {}
+            sent = threading.Thread(target=lambda: paused.setdefault("ids", served_greedy(url, headers)))
+            sent.start()
+            got = post(url, "/update_weights", headers, json={"weight_dir": str(new)})
+            assert got["weight_version"] == new.name and all(w["ok"] for w in got["workers"])
+            sent.join(timeout=2)
+            assert "ids" not in paused  # frozen while paused (keep), not failed...
+            post(url, "/resume", headers)
+            post(url, "/resume", headers)  # idempotent
+            sent.join(timeout=120)
+            assert paused["ids"]           # ...and finished after the resume
+            assert_serves(url, headers, new, old)
+            load.wait_for(len(load.results) + 20)
+    assert not load.failed(), (len(load.results), load.failed()[:3])
+    print(f"\n{len(load.results)} requests under load through two swaps, 0 failed")
+
+    store = TraceStore(stack.traces_path)
+    deadline = time.monotonic() + 30  # rows reach Parquet within the writer's flush age
+    while store.sql("SELECT count(*) AS n FROM traces WHERE env_id = 'full-load'").column("n")[0].as_py() \
+            < len(load.results):
+        assert time.monotonic() < deadline, "not every answered request has its trace row"
+        time.sleep(0.3)
+        store.refresh()
+    versions = store.sql("SELECT checkpoint_version AS v FROM traces WHERE env_id = 'full-load' "
+                         "ORDER BY time_received").column("v").to_pylist()
+    changes = [v for i, v in enumerate(versions) if i == 0 or v != versions[i - 1]]
+    assert changes == [BASE, "step_1", "step_2"], changes  # each weight version once, in order
+    card = {m["id"]: m for m in httpx.get(f"{url}/v1/models").json()["data"]}["tiny"]
+    assert card["checkpoint_version"] == "step_2" and card["root"] == str(step_2)
+
+
+def test_checkpoint_deploy_twice_then_rollback_serves_the_first_again(stack, admin, checkpoints):
+    url, headers, swap = admin
+    step_1, step_2 = checkpoints
+    registry = swap.registry
+    for name, path in [("full-a", step_1), ("full-b", step_2)]:
+        if name not in {c.version for c in registry.list()}:
+            registry.register(name, "full", path, str(stack.model_path))
+    with SteadyLoad(f"{url}/v1/chat/completions", LOAD, rps=20) as load:
+        load.wait_for(10)
+        swap.deploy("tiny", "full-a")
+        swap.deploy("tiny", "full-b")
+        assert_serves(url, headers, step_2, step_1)
+        done = flywheel_cli(stack, "checkpoint", "rollback")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "full-a" in done.stdout
+        assert_serves(url, headers, step_1, step_2)
+        done = flywheel_cli(stack, "checkpoint", "rollback")
+        assert done.returncode == 0 and "base" in done.stdout, done.stdout + done.stderr
+        assert_serves(url, headers, stack.model_path, step_1)
+        load.wait_for(len(load.results) + 10)
+    assert not load.failed(), (len(load.results), load.failed()[:3])
+
+
+def test_no_request_after_a_weight_change_reuses_kv_from_before_it(stack, admin, checkpoints):
+    url, headers, _ = admin
+    long_prompt = {"model": "tiny", "max_tokens": 2, "temperature": 0,
+                   "messages": [{"role": "user", "content": "a prefix worth caching " * 12}]}
+
+    def cached(**extra) -> int:
+        r = httpx.post(f"{url}/v1/chat/completions", json={**long_prompt, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        return (r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+    cached()
+    assert cached() > 0                        # the prefix cache works...
+    post(url, "/update_weights", headers, json={"weight_dir": str(checkpoints[0])})
+    assert cached() == 0                       # ...and nothing computed before the swap is reused
+    # prime-rl's way: a salt per policy version; requests share KV only within one salt
+    cached(cache_salt="policy-1")
+    assert cached(cache_salt="policy-1") > 0
+    assert cached(cache_salt="policy-2") == 0
+
+
+def test_the_engine_contract_rl_trainers_call(stack, admin, tmp_path):
+    url, headers, _ = admin
+    card = {m["id"]: m for m in httpx.get(f"{url}/v1/models").json()["data"]}["tiny"]
+    assert card["max_model_len"] == stack.worker.max_model_len and card["parent"] is None
+    live = httpx.get(f"{url}/liveness")
+    assert live.status_code == 200 and all(w["ok"] for w in live.json()["workers"])
+    r = httpx.post(f"{url}/init_broadcaster", headers=headers, json={})
+    assert r.status_code == 404 and "update_weights" in r.json()["error"]["message"]
+    # a directory that is no checkpoint, or one of another shape, is refused before any worker pauses
+    r = httpx.post(f"{url}/update_weights", headers=headers, json={"weight_dir": str(tmp_path)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "weight_dir"
+    other = tmp_path / "other"
+    shutil.copytree(stack.model_path, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    r = httpx.post(f"{url}/update_weights", headers=headers, json={"weight_dir": str(other)})
+    assert r.status_code == 400 and "blue-green" in r.json()["error"]["message"], r.text
+    assert httpx.post(f"{url}/update_weights", json={"weight_dir": str(other)}).status_code == 401
+    r = httpx.post(f"{url}/pause?mode=forever", headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "mode"
