@@ -1,0 +1,82 @@
+"""A full reload is all workers or none: when one worker fails, every worker gets the previous
+weights back, the answer names each worker's result, and no alias records the new version.
+(The workers here answer through httpx's mock transport: making a real engine fail one reload on
+cue is not possible; the integration suite swaps real weights.)"""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from serve.config import Deployment, GatewayConfig, ModelRoute
+from serve.errors import APIError
+from serve.weights import PAUSE, RESUME, UPDATE, FullWeights
+
+
+def checkpoint(path, layers=4):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": layers}))
+    (path / "model.safetensors").write_bytes(b"")
+    return str(path)
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    base, new = checkpoint(tmp_path / "base"), checkpoint(tmp_path / "new")
+    dep = Deployment(name="d", url="http://frontend", model_path=base,
+                     admin_urls=["http://w0", "http://w1"])
+    config = GatewayConfig(deployments=[dep])
+    routes = {"tiny": ModelRoute(deployment="d", upstream_model="tiny"),
+              "tiny-lora": ModelRoute(deployment="d", upstream_model="a", lora_path=str(tmp_path))}
+    return dep, routes, FullWeights(config, routes), base, new
+
+
+def run(weights, dep, new, broken: set[str], calls: list):
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content or b"{}")
+        calls.append((request.url.host, request.url.path, body.get("model_path")))
+        if request.url.path == UPDATE and request.url.host in broken and body["model_path"] == new:
+            return httpx.Response(200, json={"status": "error", "message": "size mismatch in layer 3"})
+        return httpx.Response(200, json={"status": "ok"})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            return await weights.reload(http, dep, new, "step_9")
+
+    return asyncio.run(go())
+
+
+def test_one_failing_worker_rolls_every_worker_back_and_moves_no_alias(deployment):
+    dep, routes, weights, base, new = deployment
+    calls = []
+    with pytest.raises(APIError) as failed:
+        run(weights, dep, new, broken={"w1"}, calls=calls)
+    assert failed.value.status == 502 and "1 of 2 workers" in failed.value.message
+    assert "http://w1" in failed.value.message and "size mismatch" in failed.value.message
+    assert "serves 'base' again" in failed.value.message
+    assert routes["tiny"].checkpoint_version == "base" and routes["tiny"].weight_dir is None
+    # both workers, the one that took the new weights included, reload the previous ones
+    assert sorted(h for h, p, m in calls if p == UPDATE and m == base) == ["w0", "w1"]
+    assert [p for _, p, _ in calls][-2:] == [RESUME, RESUME]  # and the deployment runs again
+
+
+def test_a_reload_that_works_everywhere_records_its_version_on_base_aliases_only(deployment):
+    dep, routes, weights, base, new = deployment
+    calls = []
+    results = run(weights, dep, new, broken=set(), calls=calls)
+    assert [r.ok for r in results] == [True, True]
+    assert routes["tiny"].checkpoint_version == "step_9" and routes["tiny"].weight_dir == new
+    assert routes["tiny-lora"].checkpoint_version == "base"  # an adapter's version is its own
+    paths = [p for _, p, _ in calls]
+    assert paths.count(PAUSE) == 2 and paths.count(UPDATE) == 2 and paths.count(RESUME) == 2
+    assert paths.index(RESUME) > max(i for i, p in enumerate(paths) if p == UPDATE)
+
+
+def test_weights_of_another_shape_are_refused_before_any_worker_pauses(deployment, tmp_path):
+    dep, routes, weights, base, new = deployment
+    calls = []
+    with pytest.raises(APIError) as refused:
+        run(weights, dep, checkpoint(tmp_path / "deeper", layers=8), broken=set(), calls=calls)
+    assert refused.value.status == 400 and "num_hidden_layers" in refused.value.message
+    assert calls == []
