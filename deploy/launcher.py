@@ -151,6 +151,9 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
              "VLLM_CPU_OMP_THREADS_BIND": str(i % 2), "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
              "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(w.nixl_port_base + i),
              "DYN_LORA_ENABLED": "true", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+             # the same adapter name with a new path (prime-rl, every step) replaces the weights;
+             # without it Dynamo answers "already loaded" and keeps serving the old ones
+             "DYN_LORA_HOTSWAP_ENABLED": "true",
              "DYN_LORA_PATH": str(cfg.run_dir / "loras"), **extra_env},
         health_url=f"{cfg.worker_admin_url(i)}/health",
         ready=_worker_ready(cfg, listed=not is_prefill(cfg, i)))

@@ -136,3 +136,29 @@ def test_a_killed_worker_comes_back_by_itself_with_the_weights_and_adapter_its_a
     print(f"\nvLLM worker killed -> serving its full weights and LoRA alias again in {time.monotonic() - t0:.0f} s")
     swap.reset("tiny")
     assert greedy() != swapped
+
+
+def test_the_same_adapter_name_with_a_new_path_serves_the_new_adapter(stack, tmp_path):
+    """prime-rl loads each step's adapter under one name (load_inplace): the name must serve the
+    newest weights, not stay on the first ones (Dynamo's default answers "already loaded")."""
+    gw = stack.resolved_gateway()
+    url, headers = f"http://{gw.host}:{gw.port}", {"Authorization": f"Bearer {gw.admin_key}"}
+    prompt = list(range(10, 40))
+    adapters = [train_lora(stack.model_path, [{"prompt_token_ids": prompt, "completion_token_ids": t}] * 8,
+                           tmp_path / f"step-{i}", TrainConfig(steps=30, lr=1e-2))
+                for i, t in enumerate([[500, 501, 502, 503], [600, 601, 602, 603]])]
+    for new, old in [(adapters[0], None), (adapters[1], adapters[0]), (adapters[0], adapters[1])]:
+        r = httpx.post(f"{url}/load_lora_adapter", headers=headers, timeout=200,
+                       json={"lora_name": "policy-inplace", "lora_path": str(new)})
+        assert r.status_code == 200, r.text
+        r = httpx.post(f"{url}/inference/v1/generate", timeout=60, json={
+            "model": "policy-inplace", "token_ids": prompt,
+            "sampling_params": {"max_tokens": 4, "temperature": 0, "logprobs": 1}})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        served = [c["logprob"] for c in choice["logprobs"]["content"]]
+        err_new = max(abs(a - b) for a, b in zip(served, hf_logprobs(stack.model_path, new, prompt, choice["token_ids"])))
+        assert err_new < 0.1, (new, choice["token_ids"], err_new)
+        if old is not None:
+            err_old = max(abs(a - b) for a, b in zip(served, hf_logprobs(stack.model_path, old, prompt, choice["token_ids"])))
+            assert err_old > 5 * err_new, (choice["token_ids"], err_new, err_old)
