@@ -165,11 +165,13 @@ def model_tiny(out_dir: Path, seed: int = typer.Option(0, help="weights seed")):
 def demo(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
          turns: int = typer.Option(1, help="turns of the loop to run"),
          seed: int = typer.Option(0, help="task sample and sampling seed"),
-         keep_up: bool = typer.Option(False, help="leave the stack running afterwards")):
+         keep_up: bool = typer.Option(False, help="leave the stack running afterwards"),
+         full: bool = typer.Option(False, "--full", help="fine-tune every weight and reload them in "
+                                                         "place, instead of a LoRA")):
     """Turns of the loop: eval -> rollouts -> rewards -> export -> fine-tune -> hot-swap -> eval."""
     from deploy.demo import run_demo
 
-    result = run_demo(_config(profile, set_), keep_up=keep_up, turns=turns, seed=seed)
+    result = run_demo(_config(profile, set_), keep_up=keep_up, turns=turns, seed=seed, full=full)
     sys.exit(0 if result["ok"] else 1)
 
 

@@ -19,6 +19,7 @@ from rich.console import Console
 from deploy.config import StackConfig
 
 console = Console()
+FULL_LR = 3e-4  # every weight moves: a tenth of the LoRA's rate
 
 
 @contextmanager
@@ -70,9 +71,10 @@ def _demo_key(cfg: StackConfig) -> str:
 
 
 def run_demo(cfg: StackConfig, keep_up: bool = False, turns: int = 1, seed: int = 0,
-             samples: int = 8, n_tasks: int = 16) -> dict:
+             samples: int = 8, n_tasks: int = 16, full: bool = False) -> dict:
     """Run ``turns`` turns of the loop; returns the reward history and checkpoint versions
-    (``ok`` is True when the final reward beats the baseline and every swap was served)."""
+    (``ok`` is True when the final reward beats the baseline and every swap was served). With
+    ``full``, each turn fine-tunes every weight and reloads them in place instead of a LoRA."""
     import datasets
     import transformers
 
@@ -83,7 +85,7 @@ def run_demo(cfg: StackConfig, keep_up: bool = False, turns: int = 1, seed: int 
     from feedback.export import export
     from feedback.hotswap import HotSwap
     from feedback.registry import BASE, Registry
-    from feedback.train import TrainConfig, train_lora
+    from feedback.train import TrainConfig, train_full, train_lora
     from traces.store import TraceStore
 
     datasets.disable_progress_bars()
@@ -103,7 +105,8 @@ def run_demo(cfg: StackConfig, keep_up: bool = False, turns: int = 1, seed: int 
     key = _demo_key(cfg)
     store = TraceStore(cfg.traces_path)
     registry = Registry(cfg.home_path / "checkpoints.json")
-    swap = HotSwap(url, gw.admin_key, registry, gw.deployments[0].name, alias)
+    swap = HotSwap(url, gw.admin_key, registry, gw.deployments[0].name, alias, cfg.model_path)
+    kind = "full" if full else "lora"
     run_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-s{seed}"
     tasks = reverse.tasks(n_tasks, seed)
 
@@ -140,17 +143,21 @@ def run_demo(cfg: StackConfig, keep_up: bool = False, turns: int = 1, seed: int 
                 data_dir = cfg.home_path / "datasets" / f"{run_id}-t{turn}"
                 manifest = export(store, "sft", data_dir, sql)
                 console.print(f"{manifest['rows']} rows -> {data_dir} (sha256 {manifest['content_hash'][:12]})")
-            with step(f"{turn}.3 fine-tune a LoRA on the engine's token ids"):
+            with step(f"{turn}.3 fine-tune {'every weight' if full else 'a LoRA'} on the engine's token ids"):
                 ds = datasets.load_from_disk(str(data_dir))
                 version = f"rs-{run_id}-t{turn}"
                 ckpt = cfg.home_path / "checkpoints" / version
                 losses: list[float] = []
                 init = registry.get(parent).path if parent != BASE else None
-                train_lora(cfg.model_path, list(ds), ckpt, TrainConfig(steps=60, seed=seed),
-                           progress=lambda s, loss: losses.append(loss), init_adapter=init)
+                if full:  # from the weights served now, so turns compound like the LoRA's do
+                    train_full(init or cfg.model_path, list(ds), ckpt, TrainConfig(steps=60, lr=FULL_LR, seed=seed),
+                               progress=lambda s, loss: losses.append(loss))
+                else:
+                    train_lora(cfg.model_path, list(ds), ckpt, TrainConfig(steps=60, seed=seed),
+                               progress=lambda s, loss: losses.append(loss), init_adapter=init)
                 console.print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")
-            with step(f"{turn}.4 register and hot-swap {version}"):
-                registry.register(version, "lora", ckpt, str(cfg.model_path), parent=parent,
+            with step(f"{turn}.4 register and hot-swap {version} ({'reloaded in place' if full else 'LoRA'})"):
+                registry.register(version, kind, ckpt, str(cfg.model_path), parent=parent,
                                   dataset=manifest, metrics={"loss_last": losses[-1]})
                 swap.deploy(alias, version)
                 versions.append(version)
