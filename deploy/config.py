@@ -193,6 +193,8 @@ class StackConfig(StrictModel):
             gw.keys_file = str(self.home_path / "keys.json")
         if gw.routes_file is None:
             gw.routes_file = str(self.home_path / "routes.json")
+        if gw.spend_file is None:
+            gw.spend_file = str(self.home_path / "spend.json")
         if not gw.deployments:
             gw.deployments = [Deployment(
                 name="local", url=self.frontend_url, max_model_len=self.worker.max_model_len,

@@ -65,8 +65,13 @@ class Admission:
         self.config = config
         a = config.admission
         self.leases = Ledger(state, "fw:lease", a.lease_ttl_s)
-        self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s)
+        self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s, persist=config.spend_file)
         self._waiting: dict[str, int] = {}
+
+    def look(self) -> None:
+        """Refresh what each ledger last saw of the shared state (see :meth:`Ledger.look`)."""
+        self.leases.look()
+        self.budgets.look()
 
     def _price(self, model: str) -> tuple[float, float]:
         p = self.config.prices.get(model)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -45,7 +46,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     writer = writer or TraceWriter(config.traces_dir, config.instance_name,
                                    config.trace_flush_batch, config.trace_flush_age_s)
     keys = KeyStore(config.keys_file) if config.keys_file else None
-    state = SharedState(config.redis_url)
+    state = SharedState(config.redis_url, replica=config.instance_name)
     routes = RouteTable(config.models, state, config.routes_file)
     admission = Admission(config, state)
     breakers = Breakers(state, config.breaker)
@@ -60,7 +61,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
         app.state.http = forwarder.http = httpx.AsyncClient(
             timeout=httpx.Timeout(config.upstream_timeout_s, connect=5), limits=limits)
-        follower = asyncio.create_task(_follow_routes(routes, config.routes_poll_s)) if config.redis_url else None
+        follower = asyncio.create_task(_follow_routes(routes, state, admission, config.routes_poll_s)) if config.redis_url else None
         yield
         if follower is not None:
             follower.cancel()
@@ -170,12 +171,19 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     return app
 
 
-async def _follow_routes(routes: RouteTable, poll_s: float) -> None:
-    """Take up alias changes made through other replicas."""
+async def _follow_routes(routes: RouteTable, state: SharedState, admission: Admission, poll_s: float,
+                         beat_s: float = 1.0) -> None:
+    """Take up alias changes made through other replicas; every ``beat_s`` say this replica is
+    alive and look at the shared ledgers (a Redis outage's share is taken from that sight)."""
+    last_beat = 0.0
     while True:
         await asyncio.sleep(poll_s)
         try:
             await asyncio.to_thread(routes.refresh)
+            if time.monotonic() - last_beat >= beat_s:
+                await asyncio.to_thread(state.beat)
+                await asyncio.to_thread(admission.look)
+                last_beat = time.monotonic()
         except Exception:  # a bad poll must not end the following
             log.exception("could not refresh the alias table")
 

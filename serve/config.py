@@ -100,6 +100,8 @@ class GatewayConfig(StrictModel):
     admission: AdmissionConfig = AdmissionConfig()
     breaker: BreakerConfig = BreakerConfig()
     budgets: dict[str, Budget] = Field(default_factory=dict, description="team -> spend limit")
+    spend_file: str | None = Field(None, description="without Redis: where this replica keeps each "
+                                                     "team's spend across restarts")
     prices: dict[str, Price] = Field(default_factory=dict, description="model alias -> price per 1M tokens")
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000

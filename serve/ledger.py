@@ -6,13 +6,22 @@ checks, atomically, that the live reservations plus what was already spent plus 
 within the limits. In Redis this is one Lua script over a sorted set scored by expiry (Redis's
 clock, so replicas agree); a replica that dies stops renewing and its reservations lapse within
 the TTL. Without Redis the same logic runs in process.
+
+During a Redis outage each replica admits on its own, so it must not admit against the whole
+limit: it takes its share of what was left when it last saw Redis (limit minus spent and
+reserved, divided by the replicas that were alive), so N replicas together stay within the
+limit. What it spends meanwhile is added to Redis when Redis answers again. A single replica
+with no Redis keeps its spend in a file (``persist``) so a restart does not forget it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from serve.shared_state import LOCAL, SharedState
 
@@ -26,14 +35,17 @@ for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   n = n + 1; a = a + tonumber(x); b = b + tonumber(y)
 end
 """
+# Returns {admitted, then the live count, spent + reserved a and b, this reservation included}.
 _RESERVE = _LIVE + """
 local sa = tonumber(redis.call('HGET', KEYS[2], 'a') or '0')
 local sb = tonumber(redis.call('HGET', KEYS[2], 'b') or '0')
 local lim_n, lim_a, lim_b = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-if (lim_n >= 0 and n + 1 > lim_n) or (lim_a >= 0 and sa + a + tonumber(ARGV[3]) > lim_a)
-   or (lim_b >= 0 and sb + b + tonumber(ARGV[4]) > lim_b) then return 0 end
+local ua, ub = sa + a + tonumber(ARGV[3]), sb + b + tonumber(ARGV[4])
+if (lim_n >= 0 and n + 1 > lim_n) or (lim_a >= 0 and ua > lim_a) or (lim_b >= 0 and ub > lim_b) then
+  return {0, n, string.format('%d', sa + a), string.format('%d', sb + b)}
+end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
-return 1
+return {1, n + 1, string.format('%d', ua), string.format('%d', ub)}
 """
 _RENEW = """
 local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
@@ -76,11 +88,17 @@ class Totals:
 class Ledger:
     """Named ledgers (one per deployment, or per team) with limits ``(n, a, b)``; -1 = none."""
 
-    def __init__(self, state: SharedState, prefix: str, ttl_s: float):
+    def __init__(self, state: SharedState, prefix: str, ttl_s: float, persist: str | Path | None = None):
         self.state, self.prefix, self.ttl_s = state, prefix, ttl_s
         self._local: dict[str, dict[str, tuple[float, float, float]]] = {}  # name -> id -> (exp, a, b)
         self._local_spent: dict[str, list[float]] = {}
+        self._seen: dict[str, tuple[float, float, float]] = {}   # name -> Redis's (n, a, b) last seen
+        self._unsynced: dict[str, list[int]] = {}                 # spent while Redis was down
         self._lock = threading.Lock()
+        # only a replica without Redis keeps its own books; with Redis, Redis (with AOF) does
+        self.persist = Path(persist) if persist and not state.redis_url else None
+        if self.persist and self.persist.exists():
+            self._local_spent = {k: list(v) for k, v in json.loads(self.persist.read_text()).items()}
 
     def _keys(self, name: str) -> list[str]:
         return [f"{self.prefix}:{name}:res", f"{self.prefix}:{name}:spent"]
@@ -89,10 +107,15 @@ class Ledger:
         """Reserve whole amounts (tokens, micro-dollars rounded up by the caller)."""
         a, b = int(a), int(b)
         res = Reservation(name, rid, a, b, shared=False)
-        ok = self.state.run("reserve", _RESERVE, self._keys(name), [self.ttl_s, res.member, a, b, *limits])
-        if ok is not LOCAL:
+        self._sync(name)
+        got = self.state.run("reserve", _RESERVE, self._keys(name), [self.ttl_s, res.member, a, b, *limits])
+        if got is not LOCAL:
+            ok, n, seen_a, seen_b = got
+            self._seen[name] = (int(n), int(seen_a), int(seen_b))
             res.shared = True
             return res if ok else None
+        if self.state.redis_url:
+            limits = self._share(name, limits)
         with self._lock:
             live = self._purge(name)
             spent = self._local_spent.setdefault(name, [0.0, 0.0])
@@ -127,8 +150,45 @@ class Ledger:
             spent = self._local_spent.setdefault(res.ledger, [0.0, 0.0])
             spent[0] += spent_a
             spent[1] += spent_b
+            if self.state.redis_url:
+                owed = self._unsynced.setdefault(res.ledger, [0, 0])
+                owed[0] += spent_a
+                owed[1] += spent_b
+            elif self.persist:
+                self._save()
+
+    def look(self) -> None:
+        """Take a fresh sight of every ledger this replica uses (call every few seconds), so the
+        share it takes in an outage is of what was left moments before, not at its last request."""
+        for name in list(self._seen):
+            t = self.totals(name)
+            if self.state.shared:
+                self._seen[name] = (t.live, t.spent_a + t.reserved_a, t.spent_b + t.reserved_b)
+
+    def _share(self, name: str, limits: tuple[float, float, float]) -> tuple[float, ...]:
+        """This replica's part of what was left of ``limits`` when Redis was last seen."""
+        seen = self._seen.get(name, (0, 0, 0))
+        replicas = max(1, self.state.replicas_seen)
+        return tuple(lim if lim < 0 else max(0.0, lim - used) / replicas for lim, used in zip(limits, seen))
+
+    def _sync(self, name: str) -> None:
+        """Add what this replica spent during an outage to Redis, once Redis answers."""
+        owed = self._unsynced.get(name)
+        if not owed or not any(owed):
+            return
+        if self.state.run("settle", _SETTLE, self._keys(name), ["", owed[0], owed[1]]) is LOCAL:
+            return
+        with self._lock:
+            self._unsynced.pop(name, None)
+            self._local_spent.pop(name, None)  # Redis holds it now; the next outage starts afresh
+
+    def _save(self) -> None:
+        tmp = self.persist.with_name(f".{self.persist.name}.tmp")
+        tmp.write_text(json.dumps(self._local_spent))
+        os.replace(tmp, self.persist)
 
     def totals(self, name: str) -> Totals:
+        self._sync(name)
         shared = self.state.run("totals", _TOTALS, self._keys(name), [])
         if shared is not LOCAL:
             n, ra, rb, sa, sb = shared

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 log = logging.getLogger(__name__)
 
 
 class SharedState:
-    def __init__(self, redis_url: str | None, retry_s: float = 2.0, timeout_s: float = 0.25):
+    def __init__(self, redis_url: str | None, retry_s: float = 2.0, timeout_s: float = 0.25,
+                 replica: str | None = None, replica_ttl_s: float = 10.0):
         self.redis_url, self.retry_s = redis_url, retry_s
+        self.replica, self.replica_ttl_s = replica or uuid.uuid4().hex, replica_ttl_s
+        self.replicas_seen = 1  # live replicas at the last beat: a ledger's share in an outage
         self._redis = None
         self._down_until = 0.0
         if redis_url:
@@ -39,6 +43,12 @@ class SharedState:
         if time.monotonic() >= self._down_until:
             log.warning("shared state unreachable (%s); using local state for %.0f s", exc, self.retry_s)
         self._down_until = time.monotonic() + self.retry_s
+
+    def beat(self) -> None:
+        """Say this replica is alive and count the live ones (call every few seconds)."""
+        count = self.run("beat", _BEAT, [REPLICAS], [self.replica_ttl_s, self.replica])
+        if count is not LOCAL:
+            self.replicas_seen = int(count)
 
     def script(self, name: str, source: str):
         """A registered Lua script (atomic on the Redis side)."""
@@ -65,4 +75,11 @@ class SharedState:
             return LOCAL
 
 
+REPLICAS = "flywheel:replicas"  # sorted set: replica -> expiry (Redis's clock)
+_BEAT = """
+local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+return redis.call('ZCARD', KEYS[1])
+"""
 LOCAL = object()  # what SharedState.run answers when the caller must fall back to local state

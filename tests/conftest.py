@@ -43,8 +43,18 @@ class RedisServer:
                 time.sleep(0.05)
         raise RuntimeError("redis-server did not start")
 
+    def hang(self):
+        """An outage that keeps the data: the server stops answering (SIGSTOP) until ``wake``."""
+        import signal
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def wake(self):
+        import signal
+        self.proc.send_signal(signal.SIGCONT)
+
     def stop(self):
         if self.proc:
+            self.wake()  # a hung server cannot act on SIGTERM
             self.proc.terminate()
             self.proc.wait(10)
             self.proc = None

@@ -166,3 +166,49 @@ def test_a_stream_cut_before_its_usage_is_charged_what_it_produced(state):
         return a.prompt_tokens
     prompt = asyncio.run(go())
     assert adm.usage("red")["spent_tokens"] == prompt + 30
+
+
+def test_during_a_redis_outage_replicas_together_stay_within_the_budget(redis_server):
+    import uuid
+
+    from serve.ledger import Ledger
+
+    states = [SharedState(redis_server.url, retry_s=0.3, replica=name) for name in ("a", "b")]
+    for st in states + states:
+        st.beat()
+    assert [st.replicas_seen for st in states] == [2, 2]
+    ledgers = [Ledger(st, "t", 30) for st in states]
+    limits = (-1, 1000, -1)
+    for ledger, amount in zip(ledgers, (400, 100)):  # 500 of 1000 spent while Redis answers
+        res = ledger.reserve("red", uuid.uuid4().hex, amount, 0, limits)
+        ledger.settle(res, amount)
+    for ledger in ledgers:
+        ledger.look()
+
+    redis_server.hang()
+    during = [0, 0]
+    for i, ledger in enumerate(ledgers):  # each replica alone, as much as it is let
+        while (res := ledger.reserve("red", uuid.uuid4().hex, 10, 0, limits)) is not None:
+            assert not res.shared
+            ledger.settle(res, 10)
+            during[i] += 10
+    assert during == [250, 250]  # each its half of the 500 left, so together exactly the limit
+    redis_server.wake()
+    time.sleep(0.35)
+    # what each spent in the outage reaches Redis at its next look: then both see all 1000 spent
+    for ledger in ledgers:
+        ledger.look()
+    assert [ledger.totals("red").spent_a for ledger in ledgers] == [1000, 1000]
+    assert ledgers[0].reserve("red", uuid.uuid4().hex, 1, 0, limits) is None
+
+
+def test_a_single_replica_without_redis_remembers_spend_across_restarts(tmp_path):
+    cfg = config(spend_file=str(tmp_path / "spend.json"))
+
+    async def spend(adm):
+        a = await adm.admit("d1", "red", "tiny", BODY)
+        adm.release(a, "tiny", {"prompt_tokens": 300, "completion_tokens": 100})
+
+    asyncio.run(spend(Admission(cfg, SharedState(None))))
+    restarted = Admission(cfg, SharedState(None))  # a new process, same file
+    assert restarted.usage("red")["spent_tokens"] == 400
