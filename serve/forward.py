@@ -26,6 +26,7 @@ from serve.affinity import Affinity
 from serve.breaker import Breakers
 from serve.capture import Capture, RequestContext
 from serve.config import GatewayConfig, ModelRoute
+from serve.context_limit import check_counts, check_text, might_overflow
 from serve.errors import APIError, model_not_found
 from serve.metrics import Metrics
 from serve.tools.definitions import Bounds, parse_tools
@@ -89,7 +90,10 @@ class Forwarder:
         route = self.routes.get(body["model"])
         if route is None:
             raise model_not_found(body["model"])
-        check_context(body, self.config.deployment(route.deployment).max_model_len)
+        dep = self.config.deployment(route.deployment)
+        check_counts(body, dep.max_model_len)
+        if might_overflow(body, dep.max_model_len):
+            await asyncio.to_thread(check_text, body, dep.max_model_len, dep.model_path)
         tool_req = parse_tools(body, self.bounds) if operation == "chat" else None
         if tool_req is not None and body.get("guided_grammar"):
             raise APIError(400, "guided_grammar cannot be combined with tools", param="guided_grammar")
@@ -275,26 +279,6 @@ class Forwarder:
         while True:
             await asyncio.sleep(interval)
             self.admission.renew(admitted)
-
-
-def check_context(body: dict, max_model_len: int | None) -> None:
-    """Refuse what cannot fit the model's context, naming both numbers: ``max_tokens`` alone, or
-    a token-id prompt plus ``max_tokens`` (a text prompt's length is known only to the engine)."""
-    if not max_model_len:
-        return
-    wanted = body.get("max_completion_tokens") or body.get("max_tokens")
-    param = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
-    prompt = body.get("prompt")
-    prompt_len = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else 0
-    if prompt_len and prompt_len + (wanted or 1) > max_model_len:
-        raise APIError(400, f"This model's maximum context length is {max_model_len} tokens; you asked for "
-                            f"{prompt_len + (wanted or 1)} ({prompt_len} in the prompt, {wanted or 1} to "
-                            "complete). Shorten the prompt or lower max_tokens.",
-                       param="prompt", code="context_length_exceeded")
-    if wanted and wanted >= max_model_len:
-        raise APIError(400, f"This model's maximum context length is {max_model_len} tokens; {param} = "
-                            f"{wanted} leaves no room for the prompt.", param=param,
-                       code="context_length_exceeded")
 
 
 def trace_store_unavailable(exc: BaseException) -> APIError:

@@ -127,3 +127,31 @@ def test_what_cannot_fit_the_context_is_400_context_length_exceeded_with_both_nu
             "model": "tiny", "token_ids": list(range(2040)), "sampling_params": {"max_tokens": 16}}), 400, "prompt")
         assert err["code"] == "context_length_exceeded"
         assert c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 100}).status_code == 503  # fits: sent
+
+
+def test_a_text_prompt_longer_than_the_context_is_400_with_both_numbers(tmp_path):
+    """Counted with the deployment's own tokenizer, only when its bytes could overflow (the
+    mocker engine answered such prompts with a bare 500)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"word": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (tmp_path / "model").mkdir()
+    tok.save(str(tmp_path / "model" / "tokenizer.json"))
+    cfg = GatewayConfig(deployments=[Deployment(name="d", url="http://127.0.0.1:9", max_model_len=2048,
+                                                model_path=str(tmp_path / "model"))],
+                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+                        traces_dir=str(tmp_path / "traces"))
+    with TestClient(create_app(cfg)) as c:
+        long = [{"role": "system", "content": "word " * 1000},
+                {"role": "user", "content": [{"type": "text", "text": "word " * 2000}]}]
+        err = assert_openai_error(c.post("/v1/chat/completions", json={"model": "tiny", "messages": long,
+                                                                       "max_tokens": 16}), 400, "messages")
+        assert err["code"] == "context_length_exceeded"
+        assert "2048" in err["message"] and "at least 3016" in err["message"]
+        err = assert_openai_error(c.post("/v1/completions", json={"model": "tiny", "prompt": "word " * 2048}),
+                                  400, "prompt")
+        assert "2049" in err["message"]
+        # 2,500 bytes could overflow but are 500 tokens: they fit and are sent (nothing listens: 503)
+        fits = {"model": "tiny", "messages": [{"role": "user", "content": "word " * 500}], "max_tokens": 16}
+        assert c.post("/v1/chat/completions", json=fits).status_code == 503
