@@ -121,7 +121,19 @@ def _swap(cfg: StackConfig):
     gw = cfg.resolved_gateway()
     registry = Registry(cfg.home_path / "checkpoints.json")
     return registry, HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, registry,
-                             gw.deployments[0].name, cfg.worker.served_model_name, cfg.model_path)
+                             cfg.deployment_name, cfg.worker.served_model_name, cfg.model_path)
+
+
+StrategyOpt = typer.Option("in-place", help="in-place: a LoRA beside the base weights, a full checkpoint "
+                                            "reloaded into the serving workers; blue-green: a new "
+                                            "deployment on the checkpoint (any architecture or size), "
+                                            "the aliases move across, the old one drains and stops")
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in ("in-place", "blue-green"):
+        console.print(f"[red]--strategy must be in-place or blue-green, not {strategy!r}[/]")
+        raise typer.Exit(2)
 
 
 @ckpt_app.command("register")
@@ -159,17 +171,24 @@ def ckpt_list(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
 
 
 @ckpt_app.command("deploy")
-def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None),
+def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None), strategy: str = StrategyOpt,
                 profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
     """Load a checkpoint on every worker, then move the alias to it (a LoRA is loaded beside the
-    base weights; a full checkpoint is reloaded in place, pausing the deployment for the reload)."""
+    base weights; a full checkpoint is reloaded in place, pausing the deployment for the reload,
+    or started as a new deployment with --strategy blue-green)."""
     from feedback.hotswap import HotSwapError
     from feedback.registry import RegistryError
 
+    _check_strategy(strategy)
     cfg = _config(profile, set_)
     _, swap = _swap(cfg)
     try:
-        swap.deploy(alias or cfg.worker.served_model_name, version)
+        if strategy == "blue-green":
+            from deploy.bluegreen import BlueGreen
+            bg = BlueGreen(cfg)
+            swap.blue_green(alias or cfg.worker.served_model_name, version, bg.start_beside, bg.retire)
+        else:
+            swap.deploy(alias or cfg.worker.served_model_name, version)
     except (HotSwapError, RegistryError) as exc:
         console.print(f"[red]deploy failed:[/] {exc}")
         raise typer.Exit(1)
@@ -177,16 +196,22 @@ def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None),
 
 
 @ckpt_app.command("rollback")
-def ckpt_rollback(alias: Optional[str] = typer.Option(None),
+def ckpt_rollback(alias: Optional[str] = typer.Option(None), strategy: str = StrategyOpt,
                   profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
     """Move the alias back to the version it served before."""
     from feedback.hotswap import HotSwapError
     from feedback.registry import RegistryError
 
+    _check_strategy(strategy)
     cfg = _config(profile, set_)
     _, swap = _swap(cfg)
     try:
-        target = swap.rollback(alias or cfg.worker.served_model_name)
+        if strategy == "blue-green":
+            from deploy.bluegreen import BlueGreen
+            bg = BlueGreen(cfg)
+            target = swap.rollback_blue_green(alias or cfg.worker.served_model_name, bg.start_beside, bg.retire)
+        else:
+            target = swap.rollback(alias or cfg.worker.served_model_name)
     except (HotSwapError, RegistryError) as exc:
         console.print(f"[red]rollback failed:[/] {exc}")
         raise typer.Exit(1)

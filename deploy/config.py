@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from deploy.slots import SUFFIXES, SlotState, for_slot, read_state
 from serve.config import Deployment, GatewayConfig, ModelRoute, StrictModel
 from serve.secret_files import write_private
 
@@ -146,6 +147,10 @@ class StackConfig(StrictModel):
     supervisor: SupervisorConfig = SupervisorConfig()
     cluster: ClusterConfig = ClusterConfig()
     start_timeout_s: float = 300.0
+    slot: int = Field(0, ge=0, le=1, description="which deployment slot serves (deploy/slots.py; kept "
+                                                 "in run/deployment.json by blue-green deploys)")
+    serving_model_dir: str | None = Field(None, description="the checkpoint the slot's workers start "
+                                                            "on; default model_dir")
 
     @property
     def home_path(self) -> Path:
@@ -164,6 +169,19 @@ class StackConfig(StrictModel):
     @property
     def model_path(self) -> Path:
         return Path(self.model_dir).resolve() if self.model_dir else self.home_path / "models" / "tiny"
+
+    @property
+    def serving_model_path(self) -> Path:
+        return Path(self.serving_model_dir).resolve() if self.serving_model_dir else self.model_path
+
+    @property
+    def suffix(self) -> str:
+        """Appended to the names of this slot's processes and files."""
+        return SUFFIXES[self.slot]
+
+    @property
+    def deployment_name(self) -> str:
+        return "local" + self.suffix
 
     @property
     def traces_path(self) -> Path:
@@ -195,14 +213,15 @@ class StackConfig(StrictModel):
             gw.routes_file = str(self.home_path / "routes.json")
         if gw.spend_file is None:
             gw.spend_file = str(self.home_path / "spend.json")
-        if not gw.deployments:
+        if not gw.deployments:  # both slots: the gateway can route to either (aliases choose)
             gw.deployments = [Deployment(
-                name="local", url=self.frontend_url, max_model_len=self.worker.max_model_len,
-                model_path=str(self.model_path),
-                admin_urls=[self.worker_admin_url(i) for i in range(self.worker.count)])]
+                name=c.deployment_name, url=c.frontend_url, max_model_len=c.worker.max_model_len,
+                model_path=str(c.serving_model_path),
+                admin_urls=[c.worker_admin_url(i) for i in range(c.worker.count)])
+                for c in (self if k == self.slot else for_slot(self, k) for k in range(len(SUFFIXES)))]
         if not gw.models:
             name = self.worker.served_model_name
-            gw.models = {name: ModelRoute(deployment=gw.deployments[0].name, upstream_model=name)}
+            gw.models = {name: ModelRoute(deployment=self.deployment_name, upstream_model=name)}
         return gw
 
 
@@ -274,9 +293,11 @@ def load_config(profile: str = "local", overrides: list[str] | None = None,
         dotted, value = item.split("=", 1)
         data = _deep_merge(data, _nested(dotted.strip(), _parse_value(value)))
     try:
-        return StackConfig.model_validate(data)
+        cfg = StackConfig.model_validate(data)
     except ValidationError as exc:
         raise ValueError(_explain(exc)) from None
+    state = read_state(cfg.run_dir)  # a blue-green deploy moved the stack to another slot
+    return for_slot(cfg, state.slot, state.model_dir) if state != SlotState() else cfg
 
 
 def config_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:

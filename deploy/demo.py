@@ -105,7 +105,7 @@ def run_demo(cfg: StackConfig, keep_up: bool = False, turns: int = 1, seed: int 
     key = _demo_key(cfg)
     store = TraceStore(cfg.traces_path)
     registry = Registry(cfg.home_path / "checkpoints.json")
-    swap = HotSwap(url, gw.admin_key, registry, gw.deployments[0].name, alias, cfg.model_path)
+    swap = HotSwap(url, gw.admin_key, registry, cfg.deployment_name, alias, cfg.model_path)
     kind = "full" if full else "lora"
     run_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-s{seed}"
     tasks = reverse.tasks(n_tasks, seed)

@@ -22,6 +22,7 @@ from deploy.adapters import reload_adapters
 from deploy.config import StackConfig, mooncake_store_config
 from deploy.event_broker import broker_url
 from deploy.processes import Component, ProcessManager, StartError
+from deploy.slots import worker_index
 from deploy.supervisor import STATE_FILE, load_state, stack_lock
 from serve.secret_files import write_private
 
@@ -34,7 +35,7 @@ def dynamo_env(cfg: StackConfig) -> dict[str, str]:
     run = cfg.run_dir
     return {
         "DYN_ZMQ_BROKER_URL": broker_url(*cfg.event_broker_ports),
-        "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(run / "discovery"),
+        "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(run / f"discovery{cfg.suffix}"),
         "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq",
         "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
         "DYN_EVENT_PLANE_HOST": "127.0.0.1", "DYN_SYSTEM_HOST": "127.0.0.1",
@@ -59,8 +60,9 @@ def _worker_ready(cfg: StackConfig, listed: bool = True):
 
 
 def components(cfg: StackConfig) -> list[Component]:
-    py, w = sys.executable, cfg.worker
-    env = dynamo_env(cfg)
+    """Everything `up` starts, in order: the stack's shared parts, the serving slot's deployment,
+    the gateway."""
+    py = sys.executable
     comps = []
     if cfg.redis.enabled:
         comps.append(Component(name="redis", ports=[cfg.redis.port], argv=[
@@ -70,16 +72,7 @@ def components(cfg: StackConfig) -> list[Component]:
               ["--appendonly", "no"])]))
     if cfg.host_tier.enabled:
         comps.append(_mooncake_master(cfg))
-    comps.append(Component(name="event-broker", ports=list(cfg.event_broker_ports), argv=[
-        py, "-m", "deploy.event_broker", *map(str, cfg.event_broker_ports)]))
-    comps += [Component(
-        name="frontend",
-        argv=[py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
-              "--http-port", str(cfg.frontend.port), "--router-mode", cfg.frontend.router_mode,
-              "--kv-cache-block-size", str(w.block_size), *_router_args(cfg)],
-        env=env, health_url=f"{cfg.frontend_url}/health", ports=[cfg.frontend.port])]
-    for i in range(w.count):
-        comps.append(_mocker(cfg, i, env) if w.engine == "mocker" else _vllm_worker(cfg, i, env))
+    comps += deployment_components(cfg)
     gw = cfg.resolved_gateway()
     gw_path = cfg.run_dir / "gateway.json"
     write_private(gw_path, gw.model_dump_json(indent=2))  # it holds the admin key
@@ -87,6 +80,23 @@ def components(cfg: StackConfig) -> list[Component]:
         name="gateway", argv=[py, "-m", "serve", "--config", str(gw_path)],
         env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
         health_url=f"http://{gw.host}:{gw.port}/health", ports=[gw.port]))
+    return comps
+
+
+def deployment_components(cfg: StackConfig) -> list[Component]:
+    """One slot's deployment (deploy/slots.py): its event broker, frontend and workers."""
+    py, w, sfx = sys.executable, cfg.worker, cfg.suffix
+    env = dynamo_env(cfg)
+    comps = [Component(name=f"event-broker{sfx}", ports=list(cfg.event_broker_ports), argv=[
+        py, "-m", "deploy.event_broker", *map(str, cfg.event_broker_ports)])]
+    comps.append(Component(
+        name=f"frontend{sfx}",
+        argv=[py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
+              "--http-port", str(cfg.frontend.port), "--router-mode", cfg.frontend.router_mode,
+              "--kv-cache-block-size", str(w.block_size), *_router_args(cfg)],
+        env=env, health_url=f"{cfg.frontend_url}/health", ports=[cfg.frontend.port]))
+    for i in range(w.count):
+        comps.append(_mocker(cfg, i, env) if w.engine == "mocker" else _vllm_worker(cfg, i, env))
     return comps
 
 
@@ -121,8 +131,8 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
     w = cfg.worker
     system_port = w.system_port_base + i
     kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
-                 "endpoint": f"ipc://{cfg.run_dir}/kv-events-{i}.ipc"}
-    argv = [sys.executable, "-m", "dynamo.vllm", "--model", str(cfg.model_path),
+                 "endpoint": f"ipc://{cfg.run_dir}/kv-events-{i}{cfg.suffix}.ipc"}
+    argv = [sys.executable, "-m", "dynamo.vllm", "--model", str(cfg.serving_model_path),
             "--served-model-name", w.served_model_name, "--max-model-len", str(w.max_model_len),
             "--dtype", "bfloat16", "--block-size", str(w.block_size),
             "--enable-prefix-caching", "--kv-events-config", json.dumps(kv_events),
@@ -146,9 +156,11 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
             "kv_connector_extra_config": {"connectors": connectors}}
         argv += ["--kv-transfer-config", json.dumps(kv)]
     return Component(
-        name=f"worker-{i}", argv=argv, ports=[system_port],
+        name=f"worker-{i}{cfg.suffix}", argv=argv, ports=[system_port],
         env={**env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_ENABLED": "true",
-             "VLLM_CPU_OMP_THREADS_BIND": str(i % 2), "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
+             # one core per engine; the other slot's engines take the other core (two engines
+             # bound to one core slowed a blue-green start to a standstill)
+             "VLLM_CPU_OMP_THREADS_BIND": str((i + cfg.slot) % 2), "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
              "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(w.nixl_port_base + i),
              "DYN_LORA_ENABLED": "true", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
              # the same adapter name with a new path (prime-rl, every step) replaces the weights;
@@ -181,11 +193,11 @@ def _mooncake_master(cfg: StackConfig) -> Component:
 def _mocker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
     w = cfg.worker
     system_port = w.system_port_base + i
-    argv = [sys.executable, "-m", "dynamo.mocker", "--model-path", str(cfg.model_path),
+    argv = [sys.executable, "-m", "dynamo.mocker", "--model-path", str(cfg.serving_model_path),
             "--model-name", w.served_model_name, "--block-size", str(w.block_size),
             "--max-model-len", str(w.max_model_len), "--speedup-ratio", str(w.speedup_ratio),
             "--enable-prefix-caching", *_engine_args(cfg, i)]
-    return Component(name=f"worker-{i}", argv=argv, ports=[system_port],
+    return Component(name=f"worker-{i}{cfg.suffix}", argv=argv, ports=[system_port],
                      env={**env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_ENABLED": "true"},
                      health_url=f"{cfg.worker_admin_url(i)}/health",
                      ready=_worker_ready(cfg, listed=not is_prefill(cfg, i)))
@@ -213,13 +225,29 @@ def up(cfg: StackConfig) -> dict[str, float]:
     cfg.ensure_admin_key()
     ensure_model(cfg)
     pm = ProcessManager(cfg.run_dir)
-    comps = components(cfg)
+    with stack_lock(cfg.run_dir):
+        timings, started = start_components(cfg, components(cfg))
+        try:
+            _reload_adapters(cfg, [n for n in started if n.startswith("worker-")])
+            if cfg.supervisor.enabled and pm.pid("supervisor") is None:
+                pm.start(supervisor_component(cfg))
+        except BaseException:
+            for name in reversed(started):
+                pm.stop(name)
+            raise
+    return timings
+
+
+def start_components(cfg: StackConfig, comps: list[Component]) -> tuple[dict[str, float], list[str]]:
+    """Start those of ``comps`` not running, in order, each waited for until healthy (with a
+    progress display); on any failure stop what this call started. Returns seconds to healthy
+    per component and the names it started."""
+    pm = ProcessManager(cfg.run_dir)
     timings: dict[str, float] = {}
     started: list[str] = []
     try:
-        with stack_lock(cfg.run_dir), Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                console=console, transient=False) as progress:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
             for comp in comps:
                 t0 = time.monotonic()
                 pid = pm.pid(comp.name)
@@ -240,21 +268,18 @@ def up(cfg: StackConfig) -> dict[str, float]:
                 timings[comp.name] = time.monotonic() - t0
                 progress.update(task, description=f"[green]{comp.name}[/] {verb} (pid {pid})",
                                 completed=1, total=1)
-            _reload_adapters(cfg, [n for n in started if n.startswith("worker-")])
-            if cfg.supervisor.enabled and pm.pid("supervisor") is None:
-                pm.start(supervisor_component(cfg))
     except BaseException:
         for name in reversed(started):
             pm.stop(name)
         raise
-    return timings
+    return timings, started
 
 
 def _reload_adapters(cfg: StackConfig, workers: list[str]) -> None:
     """Workers this `up` started have no adapters; the persisted alias table may name some."""
     for name in workers:
         try:
-            loaded = reload_adapters(cfg, int(name.removeprefix("worker-")))
+            loaded = reload_adapters(cfg, worker_index(name))
         except (RuntimeError, httpx.HTTPError, ValueError) as exc:
             console.print(f"[yellow]{name}: could not load the alias table's adapters:[/] {exc}")
             continue

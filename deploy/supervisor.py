@@ -34,6 +34,7 @@ import httpx
 from deploy.adapters import reload_adapters
 from deploy.config import StackConfig
 from deploy.processes import Component, ProcessManager, StartError
+from deploy.slots import worker_index
 from deploy.sockets import group_listening_ports
 
 log = logging.getLogger("flywheel.supervisor")
@@ -138,7 +139,7 @@ class Supervisor:
 
     def _reload_adapters(self, comp: Component, w: Watch) -> None:
         try:
-            names = reload_adapters(self.cfg, int(comp.name.removeprefix("worker-")))
+            names = reload_adapters(self.cfg, worker_index(comp.name))
         except (RuntimeError, httpx.HTTPError, ValueError) as exc:  # tried again next look
             log.warning("%s: adapters not loaded yet: %s", comp.name, exc)
             return

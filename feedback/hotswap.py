@@ -6,14 +6,20 @@ moves, so no request ever reaches a worker without the weights it asks for; requ
 running finish on the version they started with. Each trace records the version its alias
 pointed at when it arrived.
 
-A full checkpoint is reloaded in place (``/update_weights``: the deployment pauses only for the
+A full checkpoint of a different architecture or size goes blue-green (:meth:`HotSwap.blue_green`):
+a new deployment starts on it beside the serving one, the aliases move across, the old one drains
+and is stopped; ``start``/``retire`` are the process side's (deploy/bluegreen.py).
+
+A full checkpoint of the same shape is reloaded in place (``/update_weights``: the deployment pauses only for the
 reload, its requests are frozen rather than failed) and every alias serving the deployment's base
 weights records its version. Going back to ``base`` reloads the base weights the same way.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -95,5 +101,57 @@ class HotSwap:
         target = self.registry.previous(alias)
         self.load(alias, target)  # still loaded normally; reloading is a no-op
         self.point(alias, target)
+        self.registry.pop(alias)
+        return target
+
+    def blue_green(self, alias: str, version: str, start: Callable[[str | None], str],
+                   retire: Callable[[str, str], None], drain_timeout_s: float = 300,
+                   record: bool = True) -> str:
+        """Serve ``version`` (a full checkpoint, or ``base``) from a new deployment: ``start(dir)``
+        starts it and returns its name once it serves; every alias on the base weights of the old
+        deployment moves to it; when nothing is in flight on the old one, adapter aliases left
+        there are unloaded and ``retire(old, version)`` stops it. Returns the new deployment."""
+        ckpt = None if version == BASE else self.registry.get(version)
+        if ckpt is not None and ckpt.kind != "full":
+            raise HotSwapError(f"{version} is a LoRA: it loads beside the base weights, no new deployment")
+        table = self._post("/admin/models", None, method="GET")
+        old = table.get(alias, {}).get("deployment", self.deployment)
+        moving = [a for a, r in table.items() if r["deployment"] == old and (a == alias or not r["lora_path"])]
+        stranded = [a for a, r in table.items() if r["deployment"] == old and r["lora_path"]
+                    and a not in moving and a != r["upstream_model"]]
+        if stranded:
+            raise HotSwapError(f"aliases {stranded} serve adapters of {old}'s base weights: move them "
+                               "first (they cannot follow to another checkpoint)")
+        new = start(ckpt.path if ckpt else None)
+        path = str(Path(ckpt.path).resolve()) if ckpt else self.base_model_path
+        for a in moving:
+            self._post(f"/admin/models/{a}", {"deployment": new, "upstream_model": self.base_model_name,
+                                              "checkpoint_version": version, "weight_dir": path}, method="PUT")
+        self._drain(old, drain_timeout_s)
+        for a, r in table.items():  # the adapters loaded on the old deployment go with it
+            if r["deployment"] == old and r["lora_path"] and a == r["upstream_model"]:
+                self._post("/unload_lora_adapter", {"lora_name": a, "deployment": old})
+        retire(old, version)
+        self.deployment = new
+        if record:
+            self.registry.promote(alias, version)
+        return new
+
+    def _drain(self, deployment: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            deps = {d["name"]: d for d in self._post("/admin/deployments", None, method="GET")["data"]}
+            if deps[deployment]["in_flight"] == 0:
+                return
+            if time.monotonic() > deadline:
+                raise HotSwapError(f"{deployment} still has {deps[deployment]['in_flight']} requests in "
+                                   f"flight after {timeout_s:.0f} s; it was not stopped")
+            time.sleep(0.2)
+
+    def rollback_blue_green(self, alias: str, start: Callable[[str | None], str],
+                            retire: Callable[[str, str], None]) -> str:
+        """:meth:`rollback` by a new deployment (the previous version has another shape)."""
+        target = self.registry.previous(alias)
+        self.blue_green(alias, target, start, retire, record=False)
         self.registry.pop(alias)
         return target

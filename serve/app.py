@@ -140,6 +140,16 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         require_admin(request, config)
         return {alias: r.model_dump() for alias, r in routes.items()}
 
+    @app.get("/admin/deployments")
+    async def admin_deployments(request: Request):
+        """Each deployment, its requests in flight (a drain waits for 0) and the aliases it serves."""
+        require_admin(request, config)
+        return {"object": "list", "data": [
+            {"name": d.name, "url": d.url, "model_path": d.model_path,
+             "in_flight": admission.leases_held(d.name)[0], "breaker": breakers.state_of(d.name),
+             "aliases": sorted(a for a, r in routes.items() if r.deployment == d.name)}
+            for d in config.deployments]}
+
     @app.put("/admin/models/{alias}", openapi_extra=json_body(ModelRoute))
     async def admin_set_model(alias: str, request: Request):
         """Point an alias at a deployment's model (a base model or a loaded LoRA)."""

@@ -82,7 +82,7 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
         if not Path(req.lora_path).is_dir():
             raise APIError(400, f"lora_path {req.lora_path!r} is not a directory on the serving host",
                            param="lora_path")
-        dep = pick_deployment(config, req.deployment)
+        dep = pick_deployment(config, req.deployment, routes)
         http = request.app.state.http
         path = str(Path(req.lora_path).resolve())
         await on_workers(http, dep, "POST", LORA_ROUTE, lora_load_body(req.lora_name, path))
@@ -101,7 +101,7 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
         if in_use:
             raise APIError(409, f"{req.lora_name!r} still serves alias(es) {in_use}; move them first",
                            param="lora_name")
-        dep = pick_deployment(config, req.deployment)
+        dep = pick_deployment(config, req.deployment, routes)
         await on_workers(request.app.state.http, dep, "DELETE", f"/v1/loras/{quote(req.lora_name, safe='')}")
         routes.pop(req.lora_name, None)
         return {"status": "success", "lora_name": req.lora_name}

@@ -132,7 +132,7 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
         require_admin(request)
         if mode not in ("keep", "wait", "abort"):
             raise APIError(400, f"mode must be keep, wait or abort, not {mode!r}", param="mode")
-        dep = pick_deployment(config, deployment)
+        dep = pick_deployment(config, deployment, routes)
         await on_workers(request.app.state.http, dep, "POST", PAUSE, {"mode": mode, "clear_cache": clear_cache})
         weights.paused_by_client.add(dep.name)
         return {"status": "success", "paused": dep.name, "mode": mode}
@@ -141,7 +141,7 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
     async def resume(request: Request, deployment: str | None = None):
         """Idempotent: resuming a running deployment is a no-op."""
         require_admin(request)
-        dep = pick_deployment(config, deployment)
+        dep = pick_deployment(config, deployment, routes)
         await on_workers(request.app.state.http, dep, "POST", RESUME, {})
         weights.paused_by_client.discard(dep.name)
         return {"status": "success", "resumed": dep.name}
@@ -152,7 +152,7 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
         req = await parse_body(request, UpdateWeights)
         weight_dir = str(Path(req.weight_dir).resolve())
         checkpoint_shape(weight_dir)
-        dep = pick_deployment(config, req.deployment)
+        dep = pick_deployment(config, req.deployment, routes)
         version = req.weight_version or Path(weight_dir).name
         results = await weights.reload(request.app.state.http, dep, weight_dir, version)
         return {"status": "success", "deployment": dep.name, "weight_version": version,
@@ -161,7 +161,7 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
     @api.get("/liveness")
     async def liveness(request: Request, deployment: str | None = None):
         """200 while every worker's engine answers, 503 (with each worker's result) when one does not."""
-        dep = pick_deployment(config, deployment)
+        dep = pick_deployment(config, deployment, routes)
         results = await call_workers(request.app.state.http, dep, "POST", LIVENESS, {}, timeout_s=10)
         workers = [r.summary() for r in results if r.status != 404]  # 404: an engine without the probe
         if all(w["ok"] for w in workers):

@@ -5,13 +5,14 @@ one result per worker, and the request parsing the admin routes share.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from serve.config import Deployment, GatewayConfig
+from serve.config import Deployment, GatewayConfig, ModelRoute
 from serve.errors import APIError, invalid_request
 
 
@@ -75,8 +76,12 @@ async def parse_body(request: Request, model: type[BaseModel]):
         raise invalid_request(exc.errors()) from None
 
 
-def pick_deployment(config: GatewayConfig, name: str | None) -> Deployment:
-    """The named deployment, or the first one when no name is given."""
+def pick_deployment(config: GatewayConfig, name: str | None, routes: Mapping[str, ModelRoute]) -> Deployment:
+    """The named deployment; without a name, the first one (in configuration order) that an
+    alias serves from (after a blue-green deploy that is the new one), else the first."""
+    if not name:
+        serving = {r.deployment for r in routes.values()}
+        name = next((d.name for d in config.deployments if d.name in serving), None)
     try:
         return config.deployment(name) if name else config.deployments[0]
     except (KeyError, IndexError):

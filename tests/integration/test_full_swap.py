@@ -10,18 +10,17 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from feedback.hotswap import HotSwap
 from feedback.registry import BASE, Registry
 from feedback.train import TrainConfig, train_full
 from tests.integration.conftest import flywheel_cli
 from tests.integration.steady_load import SteadyLoad
+from tests.integration.weights_check import PROMPT_IDS, assert_serves, served_greedy
 from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
 
-PROMPT_IDS = list(range(10, 40))
 LOAD = {"model": "tiny", "messages": [{"role": "user", "content": "Reverse the word: full"}],
         "max_tokens": 4, "temperature": 0}
 
@@ -48,32 +47,6 @@ def admin(stack):
     swap.reset("tiny")
     yield url, headers, swap
     swap.reset("tiny")  # the session's other tests expect the base weights
-
-
-def served_greedy(url: str, headers: dict) -> list[int]:
-    r = httpx.post(f"{url}/inference/v1/generate", headers=headers, timeout=60, json={
-        "model": "tiny", "token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 6, "temperature": 0}})
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["token_ids"]
-
-
-def greedy_gaps(model_dir, completion: list[int]) -> list[float]:
-    """Per position: how far (nats) each served token is below that checkpoint's argmax."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor([PROMPT_IDS + completion])).logits[0].float(), -1)
-    n = len(PROMPT_IDS)
-    return [(logp[n - 1 + i].max() - logp[n - 1 + i, t]).item() for i, t in enumerate(completion)]
-
-
-def assert_serves(url, headers, new_dir, old_dir) -> None:
-    served = served_greedy(url, headers)
-    new, old = greedy_gaps(new_dir, served), greedy_gaps(old_dir, served)
-    print(f"\nserved {served}: max gap to new argmax {max(new):.4f}, to old {max(old):.2f}")
-    assert max(new) < 0.1, (served, new)   # the new weights' argmax at every position
-    assert max(old) > 0.1, (served, old)   # and not what the old weights would say
 
 
 def post(url, path, headers, **kw):

@@ -1,0 +1,92 @@
+"""Blue-green deploy of a checkpoint of another shape (2 layers instead of 4), under load, by the
+command a researcher types: a new deployment starts beside the serving one, the alias moves,
+the old one drains and stops; then a rollback the same way back to the base model."""
+
+import json
+import shutil
+import time
+
+import httpx
+import pytest
+import torch
+
+from deploy.config import load_config
+from deploy.processes import ProcessManager
+from deploy.slots import read_state
+from feedback.hotswap import HotSwap
+from feedback.registry import BASE, Registry
+from feedback.train import TrainConfig, train_full
+from tests.integration.conftest import flywheel_cli
+from tests.integration.steady_load import SteadyLoad
+from tests.integration.weights_check import PROMPT_IDS, assert_serves
+from traces.store import TraceStore
+
+pytestmark = pytest.mark.integration
+
+LOAD = {"model": "tiny", "messages": [{"role": "user", "content": "Reverse the word: green"}],
+        "max_tokens": 4, "temperature": 0}
+
+
+def two_layer_checkpoint(stack, out):
+    """A model of another size on the same tokenizer, trained to answer PROMPT_IDS its own way."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(stack.model_path, num_hidden_layers=2,
+                                        layer_types=["full_attention"] * 2)
+    torch.manual_seed(3)
+    fresh = out / "fresh"
+    AutoModelForCausalLM.from_config(config).save_pretrained(fresh)
+    for f in stack.model_path.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and not (fresh / f.name).exists():
+            shutil.copy2(f, fresh / f.name)
+    rows = [{"prompt_token_ids": PROMPT_IDS, "completion_token_ids": [700, 701, 702, 703]}] * 8
+    return train_full(fresh, rows, out / "two-layer", TrainConfig(steps=10, lr=1e-3))
+
+
+def test_blue_green_deploy_of_another_shape_then_rollback_under_load(stack, tmp_path):
+    gw = stack.resolved_gateway()
+    url, headers = f"http://{gw.host}:{gw.port}", {"Authorization": f"Bearer {gw.admin_key}"}
+    registry = Registry(stack.home_path / "checkpoints.json")
+    HotSwap(url, gw.admin_key, registry, "local", "tiny", stack.model_path).reset("tiny")
+    ckpt = two_layer_checkpoint(stack, tmp_path)
+    assert json.loads((ckpt / "config.json").read_text())["num_hidden_layers"] == 2
+    registry.register("two-layer", "full", ckpt, str(stack.model_path))
+    pm = ProcessManager(stack.run_dir)
+    blue = {n: pm.pid(n) for n in ("frontend", "worker-0")}
+
+    with SteadyLoad(f"{url}/v1/chat/completions", LOAD, rps=10, headers={"X-Env-ID": "bg-load"}) as load:
+        load.wait_for(10)
+        done = flywheel_cli(stack, "checkpoint", "deploy", "two-layer", "--strategy", "blue-green")
+        assert done.returncode == 0, done.stdout + done.stderr
+        load.wait_for(len(load.results) + 10)
+    assert not load.failed(), (len(load.results), load.failed()[:3])
+    print(f"\n{len(load.results)} requests through a blue-green deploy, 0 failed")
+    assert_serves(url, headers, ckpt, stack.model_path)
+
+    # the old deployment is stopped, the new one supervised, and the stack remembers the switch
+    assert all(pm.pid(n) is None for n in blue), blue
+    assert pm.pid("frontend-b") and pm.pid("worker-0-b")
+    assert read_state(stack.run_dir).slot == 1
+    now = load_config("local", [f"home={stack.home}"], environ={})
+    assert now.deployment_name == "local-b" and now.serving_model_path == ckpt.resolve()
+    status = flywheel_cli(stack, "status", "--json")
+    assert status.returncode == 0 and "worker-0-b" in status.stdout, status.stdout + status.stderr
+
+    store = TraceStore(stack.traces_path)
+    deadline = time.monotonic() + 30  # rows reach Parquet within the writer's flush age
+    while store.sql("SELECT count(*) AS n FROM traces WHERE env_id = 'bg-load'").column("n")[0].as_py() \
+            < len(load.results):
+        assert time.monotonic() < deadline, "not every answered request has its trace row"
+        time.sleep(0.3)
+        store.refresh()
+    rows = store.sql("SELECT checkpoint_version AS v, deployment AS d FROM traces WHERE env_id = 'bg-load' "
+                     "ORDER BY time_received").to_pylist()
+    changes = [(r["v"], r["d"]) for i, r in enumerate(rows) if i == 0 or r != rows[i - 1]]
+    assert changes == [(BASE, "local"), ("two-layer", "local-b")], changes  # one switch-over
+
+    done = flywheel_cli(stack, "checkpoint", "rollback", "--strategy", "blue-green")
+    assert done.returncode == 0 and "base" in done.stdout, done.stdout + done.stderr
+    assert_serves(url, headers, stack.model_path, ckpt)
+    assert read_state(stack.run_dir).slot == 0 and pm.pid("worker-0-b") is None and pm.pid("worker-0")
+    models = {m["id"]: m for m in httpx.get(f"{url}/v1/models").json()["data"]}
+    assert models["tiny"]["checkpoint_version"] == BASE
