@@ -12,14 +12,14 @@ import json
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import httpx
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from deploy.adapters import reload_adapters
-from deploy.config import StackConfig, mooncake_store_config
+from deploy import host_tier
+from deploy.config import StackConfig
 from deploy.event_broker import broker_url
 from deploy.processes import Component, ProcessManager, StartError
 from deploy.slots import worker_index
@@ -71,7 +71,7 @@ def components(cfg: StackConfig) -> list[Component]:
             *(["--appendonly", "yes", "--appendfsync", "everysec"] if cfg.redis.appendonly else
               ["--appendonly", "no"])]))
     if cfg.host_tier.enabled:
-        comps.append(_mooncake_master(cfg))
+        comps += host_tier.host_tier_components(cfg)
     comps += deployment_components(cfg)
     gw = cfg.resolved_gateway()
     gw_path = cfg.run_dir / "gateway.json"
@@ -149,7 +149,7 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
         extra_env |= {"UCX_NET_DEVICES": "lo", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
     if cfg.host_tier.enabled:
         connectors.append({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"})
-        extra_env["MOONCAKE_CONFIG_PATH"] = str(_mooncake_config(cfg))
+        extra_env |= host_tier.worker_env(cfg)
     if connectors:
         kv = connectors[0] if len(connectors) == 1 else {
             "kv_connector": "MultiConnector", "kv_role": "kv_both",
@@ -169,25 +169,6 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
              "DYN_LORA_PATH": str(cfg.run_dir / "loras"), **extra_env},
         health_url=f"{cfg.worker_admin_url(i)}/health",
         ready=_worker_ready(cfg, listed=not is_prefill(cfg, i)))
-
-
-def _mooncake_config(cfg: StackConfig) -> Path:
-    t, path = cfg.host_tier, cfg.run_dir / "mooncake.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mooncake_store_config(
-        "127.0.0.1", t.rpc_port, t.metadata_port, "tcp", f"{t.segment_mb}MB", f"{t.local_buffer_mb}MB")))
-    return path
-
-
-def _mooncake_master(cfg: StackConfig) -> Component:
-    """The store's master with its HTTP metadata server in one process, all on loopback."""
-    t = cfg.host_tier
-    return Component(name="mooncake-master", ports=[t.rpc_port, t.metadata_port, t.metrics_port], argv=[
-        str(Path(sys.executable).with_name("mooncake_master")), "--rpc_address=127.0.0.1",
-        f"--rpc_port={t.rpc_port}", "--enable_http_metadata_server=true",
-        "--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={t.metadata_port}",
-        "--metrics_host=127.0.0.1", f"--metrics_port={t.metrics_port}"],
-        health_url=f"http://127.0.0.1:{t.metrics_port}/metrics")
 
 
 def _mocker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:

@@ -63,7 +63,11 @@ def group_listening_ports(pgid: int) -> set[int]:
     return {port for _, port, _ in listening(group_pids(pgid))}
 
 
-LOOPBACK = ("127.0.0.1", "::1")
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1, or IPv4 loopback mapped into IPv6 (a dual-stack socket bound to it)."""
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def component_listeners(run_dir: Path, names: list[str]) -> list[tuple[str, str, int]]:

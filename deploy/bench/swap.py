@@ -1,12 +1,12 @@
-"""What a weight swap costs the traffic around it: a LoRA load and an in-place full reload, side by
-side in one run on the running stack.
+"""What a weight swap costs the traffic around it: a LoRA load, an in-place full reload and a
+blue-green deploy, side by side in one run on the running stack.
 
     .venv/bin/flywheel up && .venv/bin/python -m deploy.bench.swap [--rate 10 --seconds 6]
 
 For each kind: open-loop chat requests at ``--rate`` for ``--seconds`` before the swap, during it
 and ``--seconds`` after; prints the swap's duration, p50/p99 latency of the requests sent in each
-phase, and failed requests (any non-200). The alias goes back to the base model after each kind.
-Blue-green (a second deployment) is not built yet and is listed as such.
+phase, and failed requests (any non-200). The alias goes back to the base model after each kind
+(after blue-green, by a blue-green deploy of the base model back to the first slot).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from pathlib import Path
 import httpx
 
 from deploy.bench import pct
+from deploy.bluegreen import BlueGreen
 from deploy.config import load_config
 from feedback.hotswap import HotSwap
-from feedback.registry import Registry
+from feedback.registry import BASE, Registry
 from feedback.train import TrainConfig, train_full, train_lora
 
 ROWS = [{"prompt_token_ids": list(range(10, 40)), "completion_token_ids": [500, 501, 502, 503]}] * 8
@@ -98,8 +99,16 @@ def main() -> None:
             report[kind] = asyncio.run(around(gateway, args.rate, args.seconds,
                                               lambda v=version: swap.deploy("tiny", v)))
             swap.reset("tiny")
-        report["blue-green"] = "not built yet (needs a second deployment started beside the first)"
+        version = f"bench-full-{stamp}"
+        report["blue-green"] = asyncio.run(around(gateway, args.rate, args.seconds, lambda: swap.blue_green(
+            "tiny", version, *_slots(BlueGreen(cfg)))))
+        back = load_config(args.profile, args.overrides)  # the stack now runs the other slot
+        swap.blue_green("tiny", BASE, *_slots(BlueGreen(back)))
     print(json.dumps(report, indent=2))
+
+
+def _slots(bg: BlueGreen):
+    return bg.start_beside, bg.retire
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def base_alias(stack):
 def exposed_listeners(cfg) -> tuple[set[str], list]:
     """(components that listen, listeners bound beyond loopback) for a running stack."""
     from deploy.launcher import components
-    from deploy.sockets import LOOPBACK, component_listeners
+    from deploy.sockets import component_listeners, is_loopback
 
     listeners = component_listeners(cfg.run_dir, [c.name for c in components(cfg)])
-    return {name for name, _, _ in listeners}, [e for e in listeners if e[1] not in LOOPBACK]
+    return {name for name, _, _ in listeners}, [e for e in listeners if not is_loopback(e[1])]

@@ -49,3 +49,12 @@ class SteadyLoad:
 
     def failed(self) -> list:
         return [r for r in self.results if not isinstance(r, httpx.Response) or r.status_code != 200]
+
+
+def wait_for_trace_rows(store, env_id: str, n: int, timeout_s: float = 30) -> None:
+    """Until ``n`` rows with ``env_id`` are queryable (they reach Parquet within the flush age)."""
+    deadline = time.monotonic() + timeout_s
+    while store.sql(f"SELECT count(*) AS n FROM traces WHERE env_id = '{env_id}'").column("n")[0].as_py() < n:
+        assert time.monotonic() < deadline, f"not every answered request of {env_id} has its trace row"
+        time.sleep(0.3)
+        store.refresh()

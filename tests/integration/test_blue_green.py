@@ -4,7 +4,6 @@ the old one drains and stops; then a rollback the same way back to the base mode
 
 import json
 import shutil
-import time
 
 import httpx
 import pytest
@@ -17,7 +16,7 @@ from feedback.hotswap import HotSwap
 from feedback.registry import BASE, Registry
 from feedback.train import TrainConfig, train_full
 from tests.integration.conftest import flywheel_cli
-from tests.integration.steady_load import SteadyLoad
+from tests.integration.steady_load import SteadyLoad, wait_for_trace_rows
 from tests.integration.weights_check import PROMPT_IDS, assert_serves
 from traces.store import TraceStore
 
@@ -73,12 +72,7 @@ def test_blue_green_deploy_of_another_shape_then_rollback_under_load(stack, tmp_
     assert status.returncode == 0 and "worker-0-b" in status.stdout, status.stdout + status.stderr
 
     store = TraceStore(stack.traces_path)
-    deadline = time.monotonic() + 30  # rows reach Parquet within the writer's flush age
-    while store.sql("SELECT count(*) AS n FROM traces WHERE env_id = 'bg-load'").column("n")[0].as_py() \
-            < len(load.results):
-        assert time.monotonic() < deadline, "not every answered request has its trace row"
-        time.sleep(0.3)
-        store.refresh()
+    wait_for_trace_rows(store, "bg-load", len(load.results))
     rows = store.sql("SELECT checkpoint_version AS v, deployment AS d FROM traces WHERE env_id = 'bg-load' "
                      "ORDER BY time_received").to_pylist()
     changes = [(r["v"], r["d"]) for i, r in enumerate(rows) if i == 0 or r != rows[i - 1]]

@@ -6,7 +6,6 @@ greedy output by a Hugging Face forward of it (and not the old one's)."""
 import json
 import shutil
 import threading
-import time
 
 import httpx
 import pytest
@@ -15,7 +14,7 @@ from feedback.hotswap import HotSwap
 from feedback.registry import BASE, Registry
 from feedback.train import TrainConfig, train_full
 from tests.integration.conftest import flywheel_cli
-from tests.integration.steady_load import SteadyLoad
+from tests.integration.steady_load import SteadyLoad, wait_for_trace_rows
 from tests.integration.weights_check import PROMPT_IDS, assert_serves, served_greedy
 from traces.store import TraceStore
 
@@ -79,12 +78,7 @@ def test_prime_rl_pause_update_resume_twice_under_load(stack, admin, checkpoints
     print(f"\n{len(load.results)} requests under load through two swaps, 0 failed")
 
     store = TraceStore(stack.traces_path)
-    deadline = time.monotonic() + 30  # rows reach Parquet within the writer's flush age
-    while store.sql("SELECT count(*) AS n FROM traces WHERE env_id = 'full-load'").column("n")[0].as_py() \
-            < len(load.results):
-        assert time.monotonic() < deadline, "not every answered request has its trace row"
-        time.sleep(0.3)
-        store.refresh()
+    wait_for_trace_rows(store, "full-load", len(load.results))
     versions = store.sql("SELECT checkpoint_version AS v FROM traces WHERE env_id = 'full-load' "
                          "ORDER BY time_received").column("v").to_pylist()
     changes = [v for i, v in enumerate(versions) if i == 0 or v != versions[i - 1]]

@@ -10,6 +10,7 @@ import pytest
 
 from deploy.config import load_config
 from deploy.launcher import down, up
+from tests.integration.conftest import exposed_listeners
 
 # Runs last (see conftest): one more vLLM worker next to the shared stack, as the P/D test does.
 pytestmark = [pytest.mark.integration, pytest.mark.runs_last]
@@ -48,8 +49,11 @@ def test_an_evicted_prefix_is_loaded_from_host_memory(stack, tmp_path):
         again = complete(cfg, prompts["A"])
         after = metrics()
         tier = httpx.get(f"http://127.0.0.1:{cfg.host_tier.metrics_port}/metrics", timeout=10).text
+        listening, exposed = exposed_listeners(cfg)
     finally:
         down(cfg)
+    # Mooncake's metadata server and transfer engine bound 0.0.0.0 / [::] whatever they were told
+    assert {"mooncake-master", "mooncake-metadata", "worker-0"} <= listening and not exposed, exposed
     external = (counter(after, "vllm:external_prefix_cache_hits_total")
                 - counter(before, "vllm:external_prefix_cache_hits_total"))
     local = counter(after, "vllm:prefix_cache_hits_total") - counter(before, "vllm:prefix_cache_hits_total")

@@ -10,7 +10,7 @@ import torch
 from feedback.hotswap import HotSwap
 from feedback.registry import BASE, Registry
 from feedback.train import TrainConfig, train_full, train_lora
-from tests.integration.steady_load import SteadyLoad
+from tests.integration.steady_load import SteadyLoad, wait_for_trace_rows
 from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
@@ -53,11 +53,7 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
     assert not load.failed(), (len(results), load.failed()[:3])
 
     store = TraceStore(stack.traces_path)
-    deadline = time.monotonic() + 15
-    while store.sql("SELECT count(*) AS n FROM traces WHERE env_id = 'swap-load'").column("n")[0].as_py() < len(results):
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
-        store.refresh()
+    wait_for_trace_rows(store, "swap-load", len(results))
     versions = store.sql("SELECT checkpoint_version FROM traces WHERE env_id = 'swap-load' "
                          "ORDER BY time_received").column("checkpoint_version").to_pylist()
     switch = versions.index(version)
@@ -129,6 +125,8 @@ def test_a_killed_worker_comes_back_by_itself_with_the_weights_and_adapter_its_a
     victim = pm.pid("worker-0")
     os.killpg(victim, signal.SIGKILL)
     t0 = time.monotonic()
+    live = httpx.get(f"{url}/liveness", timeout=10)  # the supervisor has not restarted it yet
+    assert live.status_code == 503 and live.json()["error"]["message"].startswith("1 of 1 workers"), live.text
     # no command: the supervisor restarts the worker, which loads the alias's adapter again
     while not (pm.pid("worker-0") not in (None, victim) and serves("tiny-survivor") and greedy() == swapped):
         assert time.monotonic() - t0 < 240, "the killed vLLM worker did not come back serving its weights"

@@ -99,9 +99,13 @@ def test_the_host_tier_starts_a_mooncake_master_and_wires_the_workers_to_it(tmp_
     cfg = load_config("local-tiered", [f"home={tmp_path}", "host_tier.rpc_port=18551"], environ={})
     comps = {c.name: c for c in components(cfg)}
     assert "--rpc_port=18551" in comps["mooncake-master"].argv
+    # the master's own metadata server ignores its host flag: a separate one on loopback instead
+    assert not any("metadata" in a for a in comps["mooncake-master"].argv)
+    assert comps["mooncake-metadata"].argv[1:5] == ["--host", "127.0.0.1", "--port", "8180"]
     worker = comps["worker-0"]
     assert json.loads(_args(worker, "--kv-transfer-config"))["kv_connector"] == "MooncakeStoreConnector"
     store = json.loads(open(worker.env["MOONCAKE_CONFIG_PATH"]).read())
+    assert worker.env["LD_PRELOAD"].endswith("loopback_bind.so")  # the transfer engine's listeners
     assert store["master_server_address"] == "127.0.0.1:18551" and store["protocol"] == "tcp"
     # with prefill/decode on as well, NIXL and the store are chained behind one MultiConnector
     pd = load_config("local-tiered", [f"home={tmp_path}", "worker.count=2", "worker.disaggregated=true"], environ={})
