@@ -40,3 +40,11 @@ class BlueGreen:
             if self.blue.supervisor.enabled:
                 pm.start(supervisor_component(self.green))
         console.print(f"stopped {old}; {self.green.deployment_name} serves {version}")
+
+    def abandon(self, new: str) -> None:
+        """Stop the slot :meth:`start_beside` started (the deploy did not go through)."""
+        assert self.green is not None and new == self.green.deployment_name
+        pm = ProcessManager(self.blue.run_dir)
+        for comp in reversed(deployment_components(self.green)):
+            pm.stop(comp.name)
+        console.print(f"stopped {new}; {self.blue.deployment_name} still serves")

@@ -185,8 +185,7 @@ def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None), strateg
     try:
         if strategy == "blue-green":
             from deploy.bluegreen import BlueGreen
-            bg = BlueGreen(cfg)
-            swap.blue_green(alias or cfg.worker.served_model_name, version, bg.start_beside, bg.retire)
+            swap.blue_green(alias or cfg.worker.served_model_name, version, BlueGreen(cfg))
         else:
             swap.deploy(alias or cfg.worker.served_model_name, version)
     except (HotSwapError, RegistryError) as exc:
@@ -208,8 +207,7 @@ def ckpt_rollback(alias: Optional[str] = typer.Option(None), strategy: str = Str
     try:
         if strategy == "blue-green":
             from deploy.bluegreen import BlueGreen
-            bg = BlueGreen(cfg)
-            target = swap.rollback_blue_green(alias or cfg.worker.served_model_name, bg.start_beside, bg.retire)
+            target = swap.rollback_blue_green(alias or cfg.worker.served_model_name, BlueGreen(cfg))
         else:
             target = swap.rollback(alias or cfg.worker.served_model_name)
     except (HotSwapError, RegistryError) as exc:

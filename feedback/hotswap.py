@@ -8,7 +8,7 @@ pointed at when it arrived.
 
 A full checkpoint of a different architecture or size goes blue-green (:meth:`HotSwap.blue_green`):
 a new deployment starts on it beside the serving one, the aliases move across, the old one drains
-and is stopped; ``start``/``retire`` are the process side's (deploy/bluegreen.py).
+and is stopped; :class:`Slots` is the process side (deploy/bluegreen.py).
 
 A full checkpoint of the same shape is reloaded in place (``/update_weights``: the deployment pauses only for the
 reload, its requests are frozen rather than failed) and every alias serving the deployment's base
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 import httpx
 
@@ -104,13 +104,13 @@ class HotSwap:
         self.registry.pop(alias)
         return target
 
-    def blue_green(self, alias: str, version: str, start: Callable[[str | None], str],
-                   retire: Callable[[str, str], None], drain_timeout_s: float = 300,
+    def blue_green(self, alias: str, version: str, slots: "Slots", drain_timeout_s: float = 300,
                    record: bool = True) -> str:
-        """Serve ``version`` (a full checkpoint, or ``base``) from a new deployment: ``start(dir)``
+        """Serve ``version`` (a full checkpoint, or ``base``) from a new deployment: ``slots``
         starts it and returns its name once it serves; every alias on the base weights of the old
-        deployment moves to it; when nothing is in flight on the old one, adapter aliases left
-        there are unloaded and ``retire(old, version)`` stops it. Returns the new deployment."""
+        deployment moves to it; when nothing is in flight on the old one, the aliases of adapters
+        loaded there are dropped and the old one is retired. If anything fails before that, the
+        aliases go back and the new deployment is stopped. Returns the new deployment's name."""
         ckpt = None if version == BASE else self.registry.get(version)
         if ckpt is not None and ckpt.kind != "full":
             raise HotSwapError(f"{version} is a LoRA: it loads beside the base weights, no new deployment")
@@ -122,16 +122,23 @@ class HotSwap:
         if stranded:
             raise HotSwapError(f"aliases {stranded} serve adapters of {old}'s base weights: move them "
                                "first (they cannot follow to another checkpoint)")
-        new = start(ckpt.path if ckpt else None)
+        new = slots.start_beside(ckpt.path if ckpt else None)
         path = str(Path(ckpt.path).resolve()) if ckpt else self.base_model_path
-        for a in moving:
-            self._post(f"/admin/models/{a}", {"deployment": new, "upstream_model": self.base_model_name,
-                                              "checkpoint_version": version, "weight_dir": path}, method="PUT")
-        self._drain(old, drain_timeout_s)
+        try:
+            for a in moving:
+                self._post(f"/admin/models/{a}", {"deployment": new, "upstream_model": self.base_model_name,
+                                                  "checkpoint_version": version, "weight_dir": path},
+                           method="PUT")
+            self._drain(old, drain_timeout_s)
+        except BaseException:
+            for a in moving:  # back where they were; then the new deployment goes
+                self._post(f"/admin/models/{a}", table[a], method="PUT")
+            slots.abandon(new)
+            raise
         for a, r in table.items():  # the adapters loaded on the old deployment go with it
             if r["deployment"] == old and r["lora_path"] and a == r["upstream_model"]:
-                self._post("/unload_lora_adapter", {"lora_name": a, "deployment": old})
-        retire(old, version)
+                self._post(f"/admin/models/{a}", None, method="DELETE")
+        slots.retire(old, version)
         self.deployment = new
         if record:
             self.registry.promote(alias, version)
@@ -148,10 +155,22 @@ class HotSwap:
                                    f"flight after {timeout_s:.0f} s; it was not stopped")
             time.sleep(0.2)
 
-    def rollback_blue_green(self, alias: str, start: Callable[[str | None], str],
-                            retire: Callable[[str, str], None]) -> str:
+    def rollback_blue_green(self, alias: str, slots: "Slots") -> str:
         """:meth:`rollback` by a new deployment (the previous version has another shape)."""
         target = self.registry.previous(alias)
-        self.blue_green(alias, target, start, retire, record=False)
+        self.blue_green(alias, target, slots, record=False)
         self.registry.pop(alias)
         return target
+
+    def unload_adapter(self, alias: str, version: str) -> None:
+        """Unload ``version``'s adapter (no alias may still serve it)."""
+        self._post("/unload_lora_adapter", {"lora_name": self.upstream_name(alias, version),
+                                            "deployment": self.deployment})
+
+
+class Slots(Protocol):
+    """The process side of a blue-green deploy (deploy/bluegreen.py)."""
+
+    def start_beside(self, weight_dir: str | None) -> str: ...   # the new deployment's name, serving
+    def retire(self, old: str, version: str) -> None: ...      # the new one is the stack's; stop old
+    def abandon(self, new: str) -> None: ...                   # stop the new one (the deploy failed)

@@ -26,7 +26,7 @@ from serve.body_limit import BodyLimit
 from serve.breaker import STATE_CODES, Breakers
 from serve.capture import RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute
-from serve.errors import APIError, install_error_handlers, invalid_request
+from serve.errors import APIError, install_error_handlers, invalid_request, model_not_found
 from serve.forward import Forwarder
 from serve.keys import KeyStore
 from serve.metrics import Metrics
@@ -165,6 +165,15 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
                 raise APIError(400, f"unknown deployment {name!r}", param="deployment") from None
         routes[alias] = route
         return {alias: route.model_dump()}
+
+    @app.delete("/admin/models/{alias}")
+    async def admin_delete_model(alias: str, request: Request):
+        """Forget an alias (its deployment keeps running; nothing is unloaded)."""
+        require_admin(request, config)
+        if alias not in routes:
+            raise model_not_found(alias)
+        del routes[alias]
+        return {"deleted": alias}
 
     async def _serve(request: Request, operation: str):
         caller = caller_of(request)

@@ -48,8 +48,10 @@ async def around(gateway: str, rate: float, seconds: float, swap) -> dict:
     async def swapping() -> None:
         await asyncio.sleep(seconds)
         window["start"] = time.monotonic()
-        await asyncio.to_thread(swap)
-        window["end"] = time.monotonic()
+        try:
+            await asyncio.to_thread(swap)
+        finally:  # a failed swap ends the traffic too (and is raised by the gather below)
+            window["end"] = time.monotonic()
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=500)) as client:
         swapper, tasks, start = asyncio.create_task(swapping()), [], time.monotonic()
@@ -99,16 +101,14 @@ def main() -> None:
             report[kind] = asyncio.run(around(gateway, args.rate, args.seconds,
                                               lambda v=version: swap.deploy("tiny", v)))
             swap.reset("tiny")
+            if kind == "lora":  # its directory goes with this run: leave no alias naming it
+                swap.unload_adapter("tiny", version)
         version = f"bench-full-{stamp}"
         report["blue-green"] = asyncio.run(around(gateway, args.rate, args.seconds, lambda: swap.blue_green(
-            "tiny", version, *_slots(BlueGreen(cfg)))))
+            "tiny", version, BlueGreen(cfg))))
         back = load_config(args.profile, args.overrides)  # the stack now runs the other slot
-        swap.blue_green("tiny", BASE, *_slots(BlueGreen(back)))
+        swap.blue_green("tiny", BASE, BlueGreen(back))
     print(json.dumps(report, indent=2))
-
-
-def _slots(bg: BlueGreen):
-    return bg.start_beside, bg.retire
 
 
 if __name__ == "__main__":
