@@ -20,11 +20,13 @@ from serve.weights import PAUSE, RESUME, UPDATE
 
 
 def _routes(cfg: StackConfig) -> list[ModelRoute]:
+    """The persisted table's routes to this stack's serving deployment."""
     try:
         table = json.loads(Path(cfg.resolved_gateway().routes_file).read_text())
     except (FileNotFoundError, ValueError):
         return []
-    return [ModelRoute.model_validate(r) for r in table.values()]
+    routes = [ModelRoute.model_validate(r) for r in table.values()]
+    return [r for r in routes if r.deployment == cfg.deployment_name]
 
 
 def named_adapters(cfg: StackConfig) -> dict[str, str]:
@@ -33,9 +35,9 @@ def named_adapters(cfg: StackConfig) -> dict[str, str]:
 
 
 def swapped_weights(cfg: StackConfig) -> tuple[str, str] | None:
-    """(directory, version) of full weights reloaded in place, when they are not the start model."""
+    """(directory, version) of full weights reloaded in place, when the workers start on others."""
     for r in _routes(cfg):
-        if r.lora_path is None and r.weight_dir and Path(r.weight_dir) != cfg.model_path:
+        if r.lora_path is None and r.weight_dir and Path(r.weight_dir) != cfg.serving_model_path:
             return r.weight_dir, r.checkpoint_version
     return None
 
