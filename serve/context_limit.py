@@ -3,8 +3,9 @@ numbers, before anything is admitted or sent (engines differ: vLLM answers 400, 
 a bare 500).
 
 ``max_tokens`` alone and token-id prompts are checked by counting. A text prompt is tokenized only
-when it might not fit: a byte-level BPE token is at least one byte, so a prompt whose UTF-8 text
-is shorter than the room left cannot overflow, and ordinary requests cost nothing. A longer one is
+when it might not fit: a byte-level BPE token is at least one byte, so a prompt whose UTF-8 size
+(with admission's margin for the chat template) is below the room left cannot overflow, and
+ordinary requests cost nothing. A longer one is
 tokenized with the deployment's own tokenizer (its ``tokenizer.json``), counting the message texts
 only, so the count is a lower bound (the chat template adds tokens): what it refuses cannot fit.
 """
@@ -15,6 +16,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from serve.admission import worst_case_tokens
 from serve.errors import APIError
 
 
@@ -56,11 +58,12 @@ def prompt_texts(body: dict) -> list[str]:
 
 
 def might_overflow(body: dict, max_model_len: int | None) -> bool:
-    """True when the prompt's text is long enough that it could overflow (cheap: bytes only)."""
+    """True when the prompt is long enough that it could overflow (cheap: the same byte bound
+    admission reserves by, no tokenizer)."""
     if not max_model_len:
         return False
-    room = max_model_len - (body.get("max_completion_tokens") or body.get("max_tokens") or 1)
-    return sum(len(t.encode()) for t in prompt_texts(body)) > room
+    bound, _ = worst_case_tokens(body)
+    return bound + (body.get("max_completion_tokens") or body.get("max_tokens") or 1) > max_model_len
 
 
 @functools.lru_cache(maxsize=8)
