@@ -75,14 +75,18 @@ class HotSwap:
         return name
 
     def point(self, alias: str, version: str) -> None:
-        ckpt = None if version == BASE else self.registry.get(version)
-        path = str(Path(ckpt.path).resolve()) if ckpt else None
-        full = ckpt is not None and ckpt.kind == "full"
+        lora_path = weight_dir = None
+        if version == BASE:
+            weight_dir = self._weights_now(alias)  # the base weights load() left there, if reloaded
+        else:
+            ckpt = self.registry.get(version)
+            if ckpt.kind == "full":
+                weight_dir = str(Path(ckpt.path).resolve())
+            else:
+                lora_path = str(Path(ckpt.path).resolve())
         self._post(f"/admin/models/{alias}", {
             "deployment": self.deployment, "upstream_model": self.upstream_name(alias, version),
-            "checkpoint_version": version, "lora_path": None if full else path,
-            "weight_dir": path if full else self._weights_now(alias) if version == BASE else None},
-            method="PUT")
+            "checkpoint_version": version, "lora_path": lora_path, "weight_dir": weight_dir}, method="PUT")
 
     def reset(self, alias: str) -> None:
         """Serve the base model under ``alias`` and record that as the new starting point."""
