@@ -17,6 +17,7 @@ from deploy.config import StackConfig
 from serve.config import ModelRoute
 from serve.engine_admin import LORA_ROUTE, lora_load_body
 from serve.weights import PAUSE, RESUME, UPDATE
+from serve.workers import worker_result
 
 
 def _routes(cfg: StackConfig) -> list[ModelRoute]:
@@ -43,10 +44,10 @@ def swapped_weights(cfg: StackConfig) -> tuple[str, str] | None:
 
 
 def _call(cfg: StackConfig, worker: int, path: str, body: dict, what: str) -> None:
-    r = httpx.post(cfg.worker_admin_url(worker) + path, json=body, timeout=720)
-    data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-    if r.status_code >= 400 or data.get("status") == "error":
-        raise RuntimeError(f"worker-{worker} refused {what}: {data.get('message') or r.text[:200]}")
+    url = cfg.worker_admin_url(worker)
+    answer = worker_result(url, httpx.post(url + path, json=body, timeout=720))
+    if not answer.ok:
+        raise RuntimeError(f"worker-{worker} refused {what}: {answer.reason[:200]}")
 
 
 def reload_adapters(cfg: StackConfig, worker: int) -> list[str]:

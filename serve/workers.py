@@ -40,6 +40,13 @@ class WorkerResult:
         return {"worker": self.url, "ok": self.ok, **({} if self.ok else {"error": self.reason})}
 
 
+def worker_result(url: str, r: httpx.Response) -> WorkerResult:
+    """What a worker's engine route answered (JSON body or not)."""
+    data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    data = data if isinstance(data, dict) else {}
+    return WorkerResult(url, r.status_code, data, str(data.get("message") or r.text[:300]))
+
+
 async def call_workers(http: httpx.AsyncClient, dep: Deployment, method: str, path: str,
                        body: dict | None = None, timeout_s: float = 120) -> list[WorkerResult]:
     """``method path`` on every worker at once; never raises for one worker's failure."""
@@ -52,9 +59,7 @@ async def call_workers(http: httpx.AsyncClient, dep: Deployment, method: str, pa
             r = await http.request(method, url + path, json=body, timeout=timeout_s)
         except httpx.HTTPError as exc:
             return WorkerResult(url, None, {}, type(exc).__name__)
-        data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-        data = data if isinstance(data, dict) else {}
-        return WorkerResult(url, r.status_code, data, str(data.get("message") or r.text[:300]))
+        return worker_result(url, r)
 
     return list(await asyncio.gather(*(one(u) for u in dep.admin_urls)))
 
