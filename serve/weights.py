@@ -78,8 +78,9 @@ class FullWeights:
     async def reload(self, http, dep: Deployment, weight_dir: str, version: str) -> list[WorkerResult]:
         async with self.locks.setdefault(dep.name, asyncio.Lock()):
             previous_dir, previous_version = self.serving(dep)
+            new = checkpoint_shape(weight_dir)  # a 400 before anything pauses
             if previous_dir and Path(previous_dir).is_dir():
-                old, new = checkpoint_shape(previous_dir), checkpoint_shape(weight_dir)
+                old = checkpoint_shape(previous_dir)
                 changed = sorted(k for k in SHAPE_KEYS if old[k] != new[k])
                 if changed:
                     raise APIError(400, f"weight_dir has a different architecture or size ({', '.join(changed)} "
@@ -151,7 +152,6 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
         require_admin(request)
         req = await parse_body(request, UpdateWeights)
         weight_dir = str(Path(req.weight_dir).resolve())
-        checkpoint_shape(weight_dir)
         dep = pick_deployment(config, req.deployment, routes)
         version = req.weight_version or Path(weight_dir).name
         results = await weights.reload(request.app.state.http, dep, weight_dir, version)
