@@ -113,8 +113,6 @@ def train_full(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
     """Fine-tune every parameter of ``base_model`` on ``rows`` and save a complete Hugging Face
     checkpoint (config, ``model.safetensors`` and the base's tokenizer files), the layout
     ``POST /update_weights`` reloads in place and a new deployment can start from."""
-    import shutil
-
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -125,10 +123,18 @@ def train_full(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
     losses = _fit(model, rows, pad_id, cfg, progress)
     out = Path(out_dir)
     model.save_pretrained(out, safe_serialization=True)
-    for f in Path(base_model).iterdir():  # the tokenizer and anything else that is not weights
-        if f.is_file() and f.suffix != ".safetensors" and not (out / f.name).exists():
-            shutil.copy2(f, out / f.name)
+    copy_beside_weights(base_model, out)
     (out / "flywheel_train.json").write_text(json.dumps(
         {"base_model": str(base_model), "kind": "full", "rows": len(rows), "config": cfg.__dict__,
          "loss_first": losses[0], "loss_last": losses[-1]}, indent=2))
     return out
+
+
+def copy_beside_weights(src: str | Path, dst: str | Path) -> None:
+    """Copy the tokenizer and every other file of checkpoint ``src`` that is not weights (and
+    that ``dst`` lacks) into ``dst``, so ``dst`` is a checkpoint an engine can start from."""
+    import shutil
+
+    for f in Path(src).iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and not (Path(dst) / f.name).exists():
+            shutil.copy2(f, Path(dst) / f.name)

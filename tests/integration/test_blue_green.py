@@ -3,7 +3,6 @@ command a researcher types: a new deployment starts beside the serving one, the 
 the old one drains and stops; then a rollback the same way back to the base model."""
 
 import json
-import shutil
 
 import httpx
 import pytest
@@ -14,7 +13,7 @@ from deploy.processes import ProcessManager
 from deploy.slots import read_state
 from feedback.hotswap import HotSwap
 from feedback.registry import BASE, Registry
-from feedback.train import TrainConfig, train_full
+from feedback.train import TrainConfig, copy_beside_weights, train_full
 from tests.integration.conftest import flywheel_cli
 from tests.integration.steady_load import SteadyLoad, wait_for_trace_rows
 from tests.integration.weights_check import PROMPT_IDS, assert_serves
@@ -35,9 +34,7 @@ def two_layer_checkpoint(stack, out):
     torch.manual_seed(3)
     fresh = out / "fresh"
     AutoModelForCausalLM.from_config(config).save_pretrained(fresh)
-    for f in stack.model_path.iterdir():
-        if f.is_file() and f.suffix != ".safetensors" and not (fresh / f.name).exists():
-            shutil.copy2(f, fresh / f.name)
+    copy_beside_weights(stack.model_path, fresh)
     rows = [{"prompt_token_ids": PROMPT_IDS, "completion_token_ids": [700, 701, 702, 703]}] * 8
     return train_full(fresh, rows, out / "two-layer", TrainConfig(steps=10, lr=1e-3))
 
