@@ -134,6 +134,9 @@ def test_a_killed_worker_comes_back_by_itself_with_the_weights_and_adapter_its_a
     print(f"\nvLLM worker killed -> serving its full weights and LoRA alias again in {time.monotonic() - t0:.0f} s")
     swap.reset("tiny")
     assert greedy() != swapped
+    # leave no alias on an adapter behind: a later blue-green deploy would (rightly) refuse
+    assert httpx.delete(f"{url}/admin/models/tiny-survivor", headers=swap.headers).status_code == 200
+    swap.unload_adapter("tiny-survivor", version)
 
 
 def test_the_same_adapter_name_with_a_new_path_serves_the_new_adapter(stack, tmp_path):
