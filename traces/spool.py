@@ -133,10 +133,12 @@ class Spool:
         return sorted(self.dir.glob(SEGMENT_GLOB), key=segment_key)
 
     def sealed(self) -> list[Path]:
-        """Every segment no writer will touch again: all but the one being written."""
+        """Every segment no writer will touch again: all but the one being written. Listed under
+        the lock: a segment the writer opens after an unlocked look would pass for sealed, be
+        converted and unlinked, and the records it goes on taking would be lost."""
         with self._lock:
             current = segment_path(self.dir, self.lifetime, self._seq) if self._fd is not None else None
-        return [s for s in self.segments() if s != current]
+            return [s for s in self.segments() if s != current]
 
     @property
     def records_in_segment(self) -> int:

@@ -120,3 +120,37 @@ def test_a_failed_write_is_reported_and_later_records_are_still_readable(tmp_pat
     spool.close()
     got = [r.get("trace_id") for seg in spool.segments() for r in read_segment(seg)[0]]
     assert calls["n"] == 1 and got == [None, "a", "b"]  # header frame, then both acknowledged records
+
+
+def test_a_record_written_while_the_mover_lists_segments_is_never_lost(tmp_path, monkeypatch):
+    """The mover seals the segment, then lists the sealed ones. A record acknowledged in
+    between opens the next segment; were the listing taken outside the spool's lock, that open
+    segment would be converted and unlinked while the writer still appends to it (acknowledged
+    records of a blue-green run under load went missing this way)."""
+    import threading
+    import time
+
+    slow_glob = Spool.segments
+
+    def segments(self):  # a mover thread descheduled between the lock and the directory listing
+        time.sleep(0.02)
+        return slow_glob(self)
+
+    monkeypatch.setattr(Spool, "segments", segments)
+    writer = TraceWriter(tmp_path, "gw", max_age_s=0.01)
+    acked, stop = [], threading.Event()
+
+    def produce():
+        i = 0
+        while not stop.is_set():
+            writer.write(_rec(i))
+            acked.append(f"tr-{i}")
+            i += 1
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    time.sleep(1.5)
+    stop.set()
+    producer.join()
+    writer.close()
+    assert sorted(_ids(tmp_path)) == sorted(acked) and len(acked) > 50
