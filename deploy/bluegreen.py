@@ -38,7 +38,7 @@ class BlueGreen:
             for comp in reversed(deployment_components(self.blue)):
                 pm.stop(comp.name)
             if self.blue.supervisor.enabled:
-                pm.start(supervisor_component(self.green))
+                pm.start(supervisor_component(self.green), boost=False)
         console.print(f"stopped {old}; {self.green.deployment_name} serves {version}")
 
     def abandon(self, new: str) -> None:

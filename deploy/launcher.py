@@ -106,7 +106,7 @@ def _router_args(cfg: StackConfig) -> list[str]:
         args += ["--migration-limit", str(f.migration_limit)]
     if f.overlap_score_credit is not None:
         args += ["--router-kv-overlap-score-credit", str(f.overlap_score_credit)]
-    if f.session_affinity_ttl_s is not None:
+    if f.session_affinity_ttl_s:
         args += ["--router-session-affinity-ttl-secs", str(f.session_affinity_ttl_s)]
     return args
 
@@ -146,7 +146,8 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
         connectors.append({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
         # loopback only: UCX, and the NIXL side channel Dynamo would otherwise bind to the
         # address of the outbound interface
-        extra_env |= {"UCX_NET_DEVICES": "lo", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
+        extra_env |= {"UCX_NET_DEVICES": "lo", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                      "NIXL_PTHR_DELAY_US": str(w.nixl_progress_delay_us)}  # deploy/patches.py
     if cfg.host_tier.enabled:
         connectors.append({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"})
         extra_env |= host_tier.worker_env(cfg)
@@ -211,7 +212,7 @@ def up(cfg: StackConfig) -> dict[str, float]:
         try:
             _reload_adapters(cfg, [n for n in started if n.startswith("worker-")])
             if cfg.supervisor.enabled and pm.pid("supervisor") is None:
-                pm.start(supervisor_component(cfg))
+                pm.start(supervisor_component(cfg), boost=False)
         except BaseException:
             for name in reversed(started):
                 pm.stop(name)
@@ -244,8 +245,10 @@ def start_components(cfg: StackConfig, comps: list[Component]) -> tuple[dict[str
                 while not pm.check_ready(comp):
                     if time.monotonic() - t0 > cfg.start_timeout_s:
                         raise StartError(f"{comp.name} not healthy after {cfg.start_timeout_s:.0f} s; "
-                                         f"see {pm.log_file(comp.name)}")
+                                         f"processes: {pm.describe_group(comp.name)}; last lines of "
+                                         f"{pm.log_file(comp.name)}:\n{log_tail(pm.log_file(comp.name))}")
                     time.sleep(0.5)
+                pm.settle(comp.name)
                 timings[comp.name] = time.monotonic() - t0
                 progress.update(task, description=f"[green]{comp.name}[/] {verb} (pid {pid})",
                                 completed=1, total=1)

@@ -71,6 +71,7 @@ class Watch:
     registered_once: bool = False    # a worker seen in the frontend's instance list
     adapters_pending: bool = False   # a restarted worker still has to load the table's LoRAs
     unlisted_since: float | None = None
+    settling: bool = False           # restarted at start-up priority, not yet healthy
 
 
 def registered_ports(frontend_url: str) -> set[int] | None:
@@ -114,6 +115,8 @@ class Supervisor:
                     continue
                 if now - w.started > self.sv.stable_s:
                     w.failures_in_a_row = 0
+                if w.settling:
+                    self._settle(comp, w)
                 if comp.name.startswith("worker-"):
                     if listed is None:
                         listed = registered_ports(self.cfg.frontend_url) or set()
@@ -136,6 +139,15 @@ class Supervisor:
             w.unlisted_since = None
             self._restart(comp, w, "alive but no longer registered with the frontend "
                                    "(its discovery keep-alive lapsed)", now, stop_first=True)
+
+    def _settle(self, comp: Component, w: Watch) -> None:
+        try:
+            ready = self.pm.check_ready(comp)
+        except StartError:  # died meanwhile: the next look restarts it
+            return
+        if ready:
+            self.pm.settle(comp.name)
+            w.settling = False
 
     def _reload_adapters(self, comp: Component, w: Watch) -> None:
         try:
@@ -166,6 +178,7 @@ class Supervisor:
             w.restarts += 1
             w.started, w.registered_once = time.monotonic(), False
             w.adapters_pending = comp.name.startswith("worker-")
+            w.settling = True
             w.last_restart = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self._save()
 

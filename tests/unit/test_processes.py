@@ -41,3 +41,31 @@ def test_stop_ends_the_whole_process_group_and_only_it(tmp_path):
     from deploy.processes import _group_alive
     assert not _group_alive(pid)
     assert pm.pid("parent") is None and not pm.stop("parent")
+
+
+def _autogroup_nice(pid: int) -> int:
+    return int(open(f"/proc/{pid}/autogroup").read().split("nice")[1])
+
+
+def test_a_starting_component_and_its_children_run_boosted_until_settled(tmp_path):
+    """A process that imports torch pins itself to each CPU in turn (MKL counting cores); behind
+    a serving vLLM worker's busy core it starved for minutes. Starting components get a higher
+    priority for their whole session until healthy; the supervisor itself never does."""
+    pm = ProcessManager(tmp_path)
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    pid = pm.start(Component("engine", [sys.executable, "-c", code]))
+    quiet = pm.start(Component("watcher", [sys.executable, "-c", "import time; time.sleep(60)"]), boost=False)
+    try:
+        import time
+        from deploy.processes import START_BOOST_NICE, group_pids
+        deadline = time.monotonic() + 10
+        while len(group_pids(pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        family = group_pids(pid)
+        assert len(family) == 2 and all(_autogroup_nice(p) == START_BOOST_NICE < 0 for p in family)
+        assert _autogroup_nice(quiet) == 0
+        pm.settle("engine")
+        assert all(_autogroup_nice(p) == 0 for p in family)
+    finally:
+        pm.stop("engine", timeout=5)
+        pm.stop("watcher", timeout=5)
