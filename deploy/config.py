@@ -34,9 +34,11 @@ class FrontendConfig(StrictModel):
     migration_limit: int = Field(
         3, ge=0, description="Dynamo request migration: a stream cut by a dying worker continues on "
                              "another this many times (0 = off)")
-    session_affinity_ttl_s: int | None = Field(
-        None, description="kv router only: keep a session (x-dynamo-session-id, which the gateway sets "
-                          "from X-Session-ID) on one worker while it is idle for less than this")
+    session_affinity_ttl_s: int = Field(
+        600, ge=0, le=31_536_000,
+        description="keep a session (x-dynamo-session-id, which the gateway sets from X-Session-ID) on "
+                    "one worker while it is idle for less than this; 0 turns it off. Without it KV "
+                    "routing reused 0.88-0.92 of the ideal prefix cache on a replay, with it 0.999")
 
 
 class SupervisorConfig(StrictModel):
@@ -69,6 +71,9 @@ class WorkerConfig(StrictModel):
     enforce_eager: bool = Field(False, description="skip torch.compile: ~20 s faster start, slower decode")
     system_port_base: int = Field(8200, description="worker i serves its admin API on base + i")
     nixl_port_base: int = 5600
+    nixl_progress_delay_us: int = Field(
+        100_000, ge=0, description="disaggregated: NIXL's UCX progress thread waits this long for an "
+                                   "event before it looks again (NIXL's own 0 spins a core per worker)")
     block_size: int = Field(32, description="KV block; vLLM-CPU attention needs a multiple of 32")
     speedup_ratio: float = Field(1.0, description="mocker only: simulated time runs this much faster")
     max_lora_rank: int = 16

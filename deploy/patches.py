@@ -31,9 +31,12 @@ SEEDED_DISCARD = ("""            if gen is not None:
 # workers' discovery keep-alives starve and their registrations lapse. Events still wake the
 # thread through the UCX workers' fds, so 100 ms is only a fallback wake-up (measured: idle
 # P/D stack 1.9 -> 0.05 cores busy; see shared/notes/found-2026-12-01.md). vLLM loads whichever
-# variant the `nixl` package picks, so both are patched.
+# variant the `nixl` package picks, so both are patched. The delay is the workers'
+# `worker.nixl_progress_delay_us`, passed as NIXL_PTHR_DELAY_US.
 NIXL_DELAY = ("        agent_config.pthrDelay = 0\n",
-              "        agent_config.pthrDelay = 100000  # flywheel: 100 ms fallback, not a busy poll\n")
+              "        agent_config.pthrDelay = int(__import__('os').environ.get('NIXL_PTHR_DELAY_US', "
+              "'100000'))  # flywheel: a fallback wake-up, not a busy poll\n")
+NIXL_DELAY_BEFORE = "        agent_config.pthrDelay = 100000  # flywheel: 100 ms fallback, not a busy poll\n"
 
 
 def _module_file(module: str) -> Path | None:
@@ -43,14 +46,17 @@ def _module_file(module: str) -> Path | None:
     return Path(spec.submodule_search_locations[0], *module.split(".")[1:]).with_suffix(".py")
 
 
-def patch(module: str, old: str, new: str) -> str:
+def patch(module: str, old: str, new: str, earlier: tuple[str, ...] = ()) -> str:
+    """``old`` -> ``new`` in ``module``'s file; ``earlier``: what an earlier version of this fix
+    wrote, replaced too."""
     path = _module_file(module)
     if path is None or not path.exists():
         return f"skip {module}: not installed"
     text = path.read_text()
     if new in text:
         return f"ok   {module}: already patched"
-    if old not in text:
+    old = next((o for o in (old, *earlier) if o in text), None)
+    if old is None:
         return f"WARN {module}: expected line not found; not patched"
     path.write_text(text.replace(old, new))
     return f"done {module}"
@@ -60,7 +66,7 @@ def main() -> int:
     print(patch("dynamo.vllm.multimodal_utils.models.qwen", *QWEN_IMPORT))
     print(patch("vllm.v1.worker.gpu_model_runner", *SEEDED_DISCARD))
     for variant in ("nixl_cu12", "nixl_cu13"):
-        print(patch(f"{variant}._api", *NIXL_DELAY))
+        print(patch(f"{variant}._api", *NIXL_DELAY, earlier=(NIXL_DELAY_BEFORE,)))
     return 0
 
 

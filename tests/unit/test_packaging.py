@@ -1,9 +1,13 @@
 """Our top-level `kernels` and `envs` share names with unrelated PyPI packages; importing ours
 must not break the libraries that probe for those names."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from deploy.config import load_config
+from deploy.launcher import components
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,18 +35,36 @@ def test_our_kernels_and_envs_packages_do_not_break_transformers_or_vllm():
     assert out.stdout.strip().endswith("ok")
 
 
+def _agent_delay(variant: str, env: dict) -> int:
+    """The pthrDelay a NIXL agent of ``variant`` is created with, read from inside the wrapper
+    (its native agent replaced by one that records its config)."""
+    code = f"""
+import {variant}._api as api
+seen = []
+api.nixlBind.nixlAgent = lambda name, config: seen.append(config.pthrDelay) or (_ for _ in ()).throw(SystemExit)
+try:
+    api.nixl_agent("probe")
+except SystemExit:
+    pass
+print(seen[0])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
 def test_nixl_progress_threads_wait_instead_of_spinning():
     """Every installed NIXL variant's agents get a non-zero pthrDelay (deploy/patches.py), or an
-    idle P/D worker busy-polls a core and its discovery registration lapses."""
+    idle P/D worker busy-polls a core and its discovery registration lapses; the workers'
+    `worker.nixl_progress_delay_us` reaches it."""
     import importlib.util
 
-    found = 0
-    for variant in ("nixl_cu12", "nixl_cu13"):
-        spec = importlib.util.find_spec(variant)
-        if spec is None:
-            continue
-        source = Path(spec.submodule_search_locations[0], "_api.py").read_text()
-        assert "agent_config.pthrDelay = 0\n" not in source, f"{variant} still busy-polls"
-        assert "agent_config.pthrDelay = 100000" in source, variant
-        found += 1
-    assert found, "no NIXL variant installed (the P/D profile needs one)"
+    variants = [v for v in ("nixl_cu12", "nixl_cu13") if importlib.util.find_spec(v)]
+    assert variants, "no NIXL variant installed (the P/D profile needs one)"
+    for variant in variants:
+        assert _agent_delay(variant, {}) == 100_000, variant
+        assert _agent_delay(variant, {"NIXL_PTHR_DELAY_US": "2500"}) == 2500, variant
+    cfg = load_config("local-pd", [], environ={})
+    worker = next(c for c in components(cfg) if c.name == "worker-0")
+    assert worker.env["NIXL_PTHR_DELAY_US"] == str(cfg.worker.nixl_progress_delay_us) == "100000"
