@@ -20,6 +20,7 @@ import asyncio
 import json
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -30,11 +31,26 @@ from deploy.bench.workload import Job, Request, SessionShape, ideal_cached, moon
 WAITING_GAUGES = ("dynamo_frontend_queued_requests", "vllm:num_requests_waiting")
 
 
-async def send(client: httpx.AsyncClient, url: str, model: str, req: Request, out: list[dict]) -> None:
+@dataclass
+class Target:
+    """Where requests go: the Dynamo frontend (its own session header), or gateway replicas (taken
+    in turn, request by request, with a key; sessions as clients send them, ``X-Session-ID``)."""
+    urls: list[str]
+    headers: dict[str, str] = field(default_factory=dict)
+    session_header: str = "x-dynamo-session-id"
+    sent: int = 0
+
+    def next_url(self) -> str:
+        self.sent += 1
+        return self.urls[(self.sent - 1) % len(self.urls)]
+
+
+async def send(client: httpx.AsyncClient, target: Target, model: str, req: Request, out: list[dict]) -> None:
     body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
             "nvext": {"extra_fields": ["worker_id"]}}
-    headers = {"x-dynamo-session-id": req.session} if req.session else {}
+    headers = {**target.headers, **({target.session_header: req.session} if req.session else {})}
+    url = target.next_url()
     rec = {"sent": time.perf_counter(), "prompt": len(req.prompt), "prompt_ids": req.prompt,
            "session": req.session, "tokens": [], "cached": 0, "worker": None, "error": None, "text": ""}
     out.append(rec)
@@ -80,7 +96,7 @@ async def sample_waiting(urls: list[str], samples: list[float], stop: asyncio.Ev
                 pass
 
 
-async def drive(url: str, model: str, jobs: list[Job], concurrency: int, metrics_urls: list[str]) -> tuple[list[dict], float, list[float]]:
+async def drive(target: Target, model: str, jobs: list[Job], concurrency: int, metrics_urls: list[str]) -> tuple[list[dict], float, list[float]]:
     out: list[dict] = []
     waiting: list[float] = []
     stop = asyncio.Event()
@@ -91,7 +107,7 @@ async def drive(url: str, model: str, jobs: list[Job], concurrency: int, metrics
         if all(j.requests[0].at_s is not None for j in jobs):  # trace replay: open loop
             async def at(req: Request):
                 await asyncio.sleep(max(0.0, t0 + req.at_s - time.perf_counter()))
-                await send(client, url, model, req, out)
+                await send(client, target, model, req, out)
             await asyncio.gather(*(at(j.requests[0]) for j in jobs))
         else:
             queue = list(reversed(jobs))
@@ -99,7 +115,7 @@ async def drive(url: str, model: str, jobs: list[Job], concurrency: int, metrics
             async def user():
                 while queue:
                     for req in queue.pop().requests:
-                        await send(client, url, model, req, out)
+                        await send(client, target, model, req, out)
             await asyncio.gather(*(user() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
         stop.set()
@@ -142,9 +158,11 @@ def summarize(records: list[dict], wall: float, waiting: list[float], block: int
     }
 
 
-def run(url: str, jobs: list[Job], concurrency: int, model: str = "tiny", block: int = 32,
+def run(url: str | Target, jobs: list[Job], concurrency: int, model: str = "tiny", block: int = 32,
         metrics_urls: list[str] | None = None) -> dict:
-    records, wall, waiting = asyncio.run(drive(url, model, jobs, concurrency, metrics_urls or [url]))
+    """``url``: the Dynamo frontend, or a :class:`Target` (gateway replicas)."""
+    target = url if isinstance(url, Target) else Target([url])
+    records, wall, waiting = asyncio.run(drive(target, model, jobs, concurrency, metrics_urls or target.urls[:1]))
     result = summarize(records, wall, waiting, block)
     result["texts"] = {hash(tuple(r["prompt_ids"])): r["text"] for r in records if r["error"] is None}
     if result["errors"]:

@@ -1,10 +1,10 @@
 """Side-by-side studies with the agentic workload; each arm gets a fresh stack from the same config.
 
-    python -m deploy.bench.studies routing stickiness budget pd-ratio   # Dynamo mocker (`sim`)
-    python -m deploy.bench.studies pd-vs-agg                            # real vLLM-CPU workers
+    python -m deploy.bench.studies ttft budget pd-ratio   # Dynamo mocker (`sim`)
+    python -m deploy.bench.studies pd-vs-agg              # real vLLM-CPU workers
 
-routing     KV-aware vs round-robin routing, at saturation (4 mocker workers)
-stickiness  KV routing with and without session affinity (x-dynamo-session-id pinned per worker)
+ttft        round-robin vs KV routing vs KV + more overlap credit vs KV + session affinity (the
+            default), at saturation (4 mocker workers)
 budget      prefill token budget per step: large vs half (queue wait, TTFT)
 pd-ratio    prefill:decode split of 4 mocker workers (and aggregated) over a concurrency sweep:
             the most concurrent sessions each split serves with per-user speed >= --target
@@ -95,19 +95,23 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
-def routing(r: Runner, a) -> dict:
-    arms = {mode: r.arm(f"routing-{mode}", "sim", ["worker.count=4", f"frontend.router_mode={mode}"],
-                        SIM_SHAPE, a.concurrency) for mode in ("kv", "round-robin")}
-    rr, kv = arms["round-robin"], arms["kv"]
-    arms["ratio"] = {"ttft_p90_round_robin_over_kv": round(rr["ttft_ms"]["p90"] / kv["ttft_ms"]["p90"], 2),
-                     "session_ttft_p90_round_robin_over_kv": round(
-                         rr["session_ttft_ms"]["p90"] / kv["session_ttft_ms"]["p90"], 2)}
-    return arms
-
-
-def stickiness(r: Runner, a) -> dict:
-    return {name: r.arm(f"stickiness-{name}", "sim", ["worker.count=4", *extra], SIM_SHAPE, a.concurrency)
-            for name, extra in (("kv", []), ("kv+affinity", ["frontend.session_affinity_ttl_s=300"]))}
+def ttft(r: Runner, a) -> dict:
+    """Round-robin, KV routing, KV routing with session affinity (the default), and KV routing
+    with more credit for cached blocks, at saturation: which one gives sessions their cache."""
+    arms = {"round-robin": ["frontend.router_mode=round-robin", "frontend.session_affinity_ttl_s=0"],
+            "kv": ["frontend.session_affinity_ttl_s=0"],
+            "kv credit=2": ["frontend.session_affinity_ttl_s=0", "frontend.overlap_score_credit=2"],
+            "kv+affinity": []}
+    results = {name: r.arm(f"ttft-{name.replace(' ', '-').replace('=', '')}", "sim",
+                           ["worker.count=4", *extra], SIM_SHAPE, a.concurrency)
+               for name, extra in arms.items()}
+    base = results["round-robin"]
+    results["ratio"] = {f"{k}_over_round_robin": {
+        "ttft_p50": round(v["ttft_ms"]["p50"] / base["ttft_ms"]["p50"], 2),
+        "ttft_p90": round(v["ttft_ms"]["p90"] / base["ttft_ms"]["p90"], 2),
+        "session_ttft_p90": round(v["session_ttft_ms"]["p90"] / base["session_ttft_ms"]["p90"], 2)}
+        for k, v in results.items() if k != "round-robin"}
+    return results
 
 
 def budget(r: Runner, a) -> dict:
@@ -164,8 +168,8 @@ def plot_sweep(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-STUDIES = {"routing": routing, "stickiness": stickiness, "budget": budget, "pd-ratio": pd_ratio,
-           "pd-vs-agg": pd_vs_agg}
+STUDIES = {"ttft": ttft, "budget": budget,
+           "pd-ratio": pd_ratio, "pd-vs-agg": pd_vs_agg}
 
 
 def main(argv: list[str] | None = None) -> None:
