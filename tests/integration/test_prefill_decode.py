@@ -1,7 +1,11 @@
-"""`local-pd` (prefill and decode on two vLLM-CPU workers, KV over NIXL) gives the same greedy
-tokens as the aggregated `local` stack."""
+"""`local-pd` (prefill and decode on two vLLM-CPU workers, KV over NIXL) holds: six rounds of
+agentic-style traffic through its gateway (streamed, mixed lengths, multi-turn sessions), with
+a `down` and `up` of the P/D stack between rounds 3 and 4, and not one request fails; every
+answer is the aggregated `local` stack's greedy answer, token for token."""
 
-import time
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -14,57 +18,99 @@ from tests.integration.conftest import exposed_listeners
 # stack's worker long enough for its Dynamo discovery lease to lapse.
 pytestmark = [pytest.mark.integration, pytest.mark.runs_last, pytest.mark.usefixtures("base_alias")]
 
-PROMPTS = ["hello there", "def fibonacci(n):\n    return 12345", "Reverse the word: planet",
-           "a much longer prompt " * 40]
+ROUNDS, SESSIONS, TURNS = 6, 6, 5  # 30 requests a round
+PARALLEL_SESSIONS = 3
 
 
-class DeploymentLost(Exception):
-    """The P/D deployment stopped serving: NIXL's UCX progress thread spins a core in each worker
-    (poll with a zero timeout), and on this 2-core machine the two of them stall the machine for
-    up to ~30 s; a request then times out (504) or a worker's Dynamo file-discovery keys expire
-    (10 s) and it never registers again (404/500/503). See the #7 note."""
+def conversation_plan() -> list[list[tuple[str, int]]]:
+    """Per session, its turns: a prompt that grows on the last one (so the prefix cache and the
+    session's worker matter) and a completion length; histories from a few words to ~1K tokens."""
+    rng = random.Random(7)
+    plan = []
+    for _ in range(SESSIONS):
+        history = " ".join(f"w{rng.randrange(500)}" for _ in range(rng.choice([4, 40, 120, 260])))
+        turns = []
+        for _ in range(TURNS):
+            history += " " + " ".join(f"t{rng.randrange(500)}" for _ in range(rng.randrange(3, 30)))
+            turns.append((history, rng.choice([4, 8, 16, 24])))
+        plan.append(turns)
+    return plan
 
 
-def greedy(frontend_url: str, prompt: str, wait_s: float = 0.0) -> tuple[list[int], dict]:
-    """Greedy completion ids and the workers that served them. ``wait_s``: keep retrying while the
-    deployment is still wiring prefill to decode (it answers 5xx until both are registered)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        r = httpx.post(f"{frontend_url}/v1/chat/completions", timeout=120, json={
-            "model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
-            "temperature": 0, "nvext": {"extra_fields": ["completion_token_ids", "worker_id"]}})
-        if r.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    if r.status_code in (404, 500, 503, 504):
-        raise DeploymentLost(r.text)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    return body["nvext"]["completion_token_ids"], body["nvext"]["worker_id"]
+def stream(url: str, key: str, session: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed chat turn through a gateway: its text and completion tokens, or its error."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "max_tokens": max_tokens, "temperature": 0, "stream_options": {"include_usage": True}}
+    headers = {"Authorization": f"Bearer {key}", "X-Session-ID": session}
+    text, usage = "", None
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
+            if r.status_code != 200:
+                return {"error": f"HTTP {r.status_code}: {r.read()[:300]!r}"}
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return {"error": chunk["error"]}
+                text += "".join(c["delta"].get("content") or "" for c in chunk.get("choices", []))
+                usage = chunk.get("usage") or usage
+    except httpx.HTTPError as exc:
+        return {"error": repr(exc)}
+    if usage is None:
+        return {"error": f"stream ended without usage after {text!r}"}
+    return {"text": text, "tokens": usage["completion_tokens"]}
 
 
-def test_disaggregated_prefill_decode_matches_aggregated_greedy_tokens(stack, tmp_path):
-    aggregated = [greedy(stack.frontend_url, p)[0] for p in PROMPTS]
-    for attempt in (1, 2):  # a fresh P/D stack once more if the first lost a worker (above)
-        pd = load_config("local-pd", [f"home={tmp_path / f'attempt{attempt}'}", "frontend.port=18400",
-                                      "gateway.port=18410", "worker.system_port_base=18420",
-                                      "worker.nixl_port_base=15800", f"model_dir={stack.model_path}",
-                                      "worker.enforce_eager=true"],  # no torch.compile: a lighter start
-                          environ={})
-        up(pd)
-        try:
-            greedy(pd.frontend_url, "warm up", wait_s=90)
-            results = [greedy(pd.frontend_url, p) for p in PROMPTS]
-            listening, exposed = exposed_listeners(pd)  # NIXL and UCX included
-            break
-        except DeploymentLost:
-            if attempt == 2:
-                raise
-            print("\nthe P/D deployment lost a worker from discovery; starting a fresh one")
-        finally:
-            down(pd)
+def one_round(gateway_url: str, key: str, plan, tag: str) -> list[dict]:
+    """Sessions three at a time, each session's turns in order; results in plan order."""
+    def session(i: int) -> list[dict]:
+        return [stream(gateway_url, key, f"{tag}-s{i}", prompt, n) for prompt, n in plan[i]]
+    with ThreadPoolExecutor(PARALLEL_SESSIONS) as pool:
+        return [r for rs in pool.map(session, range(len(plan))) for r in rs]
+
+
+def test_disaggregated_serving_fails_nothing_and_matches_aggregated_greedy_tokens(stack, tmp_path):
+    plan = conversation_plan()
+    gw = stack.resolved_gateway()
+    aggregated = one_round(f"http://{gw.host}:{gw.port}", gw.admin_key, plan, "agg")
+    assert not [r for r in aggregated if "error" in r], aggregated
+
+    pd = load_config("local-pd", [f"home={tmp_path / 'pd'}", "frontend.port=18400", "gateway.port=18410",
+                                  "worker.system_port_base=18420", "worker.nixl_port_base=15800",
+                                  f"model_dir={stack.model_path}",
+                                  "worker.enforce_eager=true"],  # no torch.compile: a lighter start
+                      environ={})
+    pd_gw = pd.resolved_gateway()
+    pd_url = f"http://{pd_gw.host}:{pd_gw.port}"
+    rounds, failed, differ = [], [], []
+    up(pd)
+    try:
+        for n in range(ROUNDS):
+            if n == ROUNDS // 2:  # the ordinary lifecycle in the middle: down, up, traffic again
+                listening, exposed = exposed_listeners(pd)  # NIXL and UCX included
+                down(pd)
+                up(pd)
+            results = one_round(pd_url, pd_gw.admin_key, plan, f"pd{n}")
+            rounds.append(results)
+            failed += [(n, i, r["error"]) for i, r in enumerate(results) if "error" in r]
+            differ += [(n, i) for i, (r, a) in enumerate(zip(results, aggregated)) if "error" not in r and r != a]
+        served_by = _prefill_and_decode_workers(pd.frontend_url)
+    finally:
+        down(pd)
+    sent = ROUNDS * SESSIONS * TURNS
+    print(f"\nP/D: {sent - len(failed)}/{sent} requests served, {len(differ)} differ from aggregated")
+    assert not failed, failed[:5]
+    assert not differ, [(n, i, rounds[n][i], aggregated[i]) for n, i in differ[:3]]
     assert not exposed, f"listening beyond loopback: {exposed}"
     assert {"worker-0", "worker-1"} <= listening
-    assert [ids for ids, _ in results] == aggregated
-    for _, workers in results:  # prefill and decode really ran on different workers
-        assert workers["prefill_worker_id"] != workers["decode_worker_id"]
+    assert served_by["prefill_worker_id"] != served_by["decode_worker_id"]
+
+
+def _prefill_and_decode_workers(frontend_url: str) -> dict:
+    """Which workers served one more request: prefill and decode really ran on different ones."""
+    r = httpx.post(f"{frontend_url}/v1/chat/completions", timeout=120, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "which workers?"}], "max_tokens": 2,
+        "nvext": {"extra_fields": ["worker_id"]}})
+    assert r.status_code == 200, r.text
+    return r.json()["nvext"]["worker_id"]
