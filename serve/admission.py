@@ -18,7 +18,7 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from serve.config import GatewayConfig
+from serve.config import GatewayConfig, Price
 from serve.errors import APIError
 from serve.ledger import Ledger, Reservation
 from serve.shared_state import SharedState
@@ -26,9 +26,14 @@ from serve.shared_state import SharedState
 NO_LIMIT = -1
 
 
-def _micro_usd(prompt: int, completion: int, in_per_mtok: float, out_per_mtok: float) -> int:
-    """The cost in micro-dollars, rounded up: a price per 1M tokens times tokens."""
-    return math.ceil(prompt * in_per_mtok + completion * out_per_mtok - 1e-9)
+def _micro_usd(prompt: int, completion: int, price: Price | None, cached: int = 0) -> int:
+    """The cost in micro-dollars, rounded up: a price per 1M tokens times tokens; ``cached`` of
+    the prompt tokens at the cached-input price."""
+    if price is None:
+        return 0
+    cached = min(cached, prompt)
+    return math.ceil((prompt - cached) * price.input_per_mtok + cached * price.cached
+                     + completion * price.output_per_mtok - 1e-9)
 
 
 def worst_case_tokens(body: dict) -> tuple[int, int]:
@@ -73,10 +78,6 @@ class Admission:
         self.leases.look()
         self.budgets.look()
 
-    def _price(self, model: str) -> tuple[float, float]:
-        p = self.config.prices.get(model)
-        return (p.input_per_mtok, p.output_per_mtok) if p else (0.0, 0.0)
-
     async def admit(self, deployment: str, team: str, model: str, body: dict) -> Admitted:
         prompt, completion = worst_case_tokens(body)
         budget = self._reserve_budget(team, model, prompt, completion)
@@ -92,7 +93,8 @@ class Admission:
         limit = self.config.budgets.get(team)
         if limit is None:
             return None
-        cost_micro = _micro_usd(prompt, completion, *self._price(model))
+        price = self.config.prices.get(model)  # the worst case: no prompt token cached (unless cheaper)
+        cost_micro = max(_micro_usd(prompt, completion, price), _micro_usd(prompt, completion, price, prompt))
         cost_usd = cost_micro / 1e6
         res = self.budgets.reserve(team, "b-" + uuid.uuid4().hex, prompt + completion, cost_micro,
                                    (NO_LIMIT, limit.tokens if limit.tokens is not None else NO_LIMIT,
@@ -152,13 +154,15 @@ class Admission:
             self.leases.settle(lease)
         if res is None:
             return
+        cached = 0
         if usage:
             tin, tout = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         elif produced:
             tin, tout = admitted.prompt_tokens, produced
         else:
             tin = tout = 0
-        self.budgets.settle(res, tin + tout, _micro_usd(tin, tout, *self._price(model)))
+        self.budgets.settle(res, tin + tout, _micro_usd(tin, tout, self.config.prices.get(model), cached))
 
     def usage(self, team: str) -> dict:
         t = self.budgets.totals(team)

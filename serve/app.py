@@ -25,7 +25,7 @@ from serve.auth import Caller, authenticate, require_admin
 from serve.body_limit import BodyLimit
 from serve.breaker import STATE_CODES, Breakers
 from serve.capture import RequestContext, new_trace_id
-from serve.config import GatewayConfig, ModelRoute
+from serve.config import GatewayConfig, ModelRoute, Price
 from serve.errors import APIError, install_error_handlers, invalid_request, model_not_found
 from serve.forward import Forwarder
 from serve.keys import KeyStore
@@ -40,6 +40,11 @@ from traces.writer import TraceWriter
 
 log = logging.getLogger(__name__)
 REQUEST_MODELS = {"chat": ChatCompletionRequest, "text_completion": CompletionRequest}
+
+
+def _per_token(usd_per_mtok: float) -> str:
+    """OpenRouter's price format: USD per token, as a decimal string."""
+    return f"{usd_per_mtok / 1e6:.12f}".rstrip("0").rstrip(".") or "0"
 
 
 def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> FastAPI:
@@ -103,17 +108,32 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     async def list_models():
         return {"object": "list", "data": [_model_card(alias, r) for alias, r in sorted(routes.items())]}
 
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str):
+        route = routes.get(model_id)
+        if route is None:
+            raise model_not_found(model_id)
+        return _model_card(model_id, route)
+
     def _model_card(alias: str, r: ModelRoute) -> dict:
         """vLLM's card (``root``, ``parent`` for an adapter, ``max_model_len``: prime-rl sizes its
-        concurrency from it) plus the checkpoint the alias serves."""
+        concurrency from it), the checkpoint the alias serves, and what catalogs read: OpenRouter's
+        ``context_length`` and per-token ``pricing``, Prime's ``*_usd_per_mtok`` and ``specs``."""
         dep = next((d for d in config.deployments if d.name == r.deployment), None)
         base = next((b.upstream_model for b in routes.values()
                      if b.deployment == r.deployment and b.lora_path is None), None)
-        return {"id": alias, "object": "model", "owned_by": "flywheel",
+        context = dep.max_model_len if dep else None
+        price = config.prices.get(alias) or Price()
+        return {"id": alias, "object": "model", "created": r.created, "owned_by": "flywheel",
                 "root": r.lora_path or r.weight_dir or (dep.model_path if dep else None) or r.upstream_model,
                 "parent": None if r.lora_path is None else base,
-                "max_model_len": dep.max_model_len if dep else None,
-                "checkpoint_version": r.checkpoint_version}
+                "max_model_len": context, "context_length": context,
+                "checkpoint_version": r.checkpoint_version,
+                "pricing": {"input_usd_per_mtok": price.input_per_mtok, "output_usd_per_mtok": price.output_per_mtok,
+                            "cache_read_usd_per_mtok": price.cached,
+                            "prompt": _per_token(price.input_per_mtok), "completion": _per_token(price.output_per_mtok),
+                            "input_cache_read": _per_token(price.cached)},
+                "specs": {"context_window": context, "max_output_tokens": context}}
 
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +38,8 @@ class ModelRoute(StrictModel):
                                                     "LoRA, so a restarted worker can load it again")
     weight_dir: str | None = Field(None, description="the full weights reloaded in place into the "
                                                      "deployment (None: the ones it started on)")
+    created: int = Field(default_factory=lambda: int(time.time()),
+                         description="when the alias last changed what it serves (unix seconds)")
 
 
 class ToolsConfig(StrictModel):
@@ -71,8 +74,15 @@ class Budget(StrictModel):
 
 
 class Price(StrictModel):
-    input_per_mtok: float = 0.0
-    output_per_mtok: float = 0.0
+    """USD per 1M tokens, as `/v1/models` shows it and `/v1/usage` charges it."""
+    input_per_mtok: float = Field(0.0, ge=0)
+    output_per_mtok: float = Field(0.0, ge=0)
+    cached_input_per_mtok: float | None = Field(
+        None, ge=0, description="prompt tokens served from the prefix cache; None: the input price")
+
+    @property
+    def cached(self) -> float:
+        return self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
 
 
 class GatewayConfig(StrictModel):
