@@ -48,9 +48,10 @@ _POLL_NOISE = "tower_http::trace::on_failure"
 # at a higher priority. Every new process that imports torch has MKL count the cores by pinning
 # itself to each CPU in turn (MKL_Read_ThreadENV_Count_Cores, from at::init_num_threads). A
 # serving vLLM worker keeps its core busy (its input queue busy-waits for 1 s after every step),
-# and a process pinned behind it got ~1 % of that core: a blue-green start under load took
-# 100 s to over 5 min instead of 20 s, and an unboosted torch import pinned there 94 s instead
-# of 1 s (2 s boosted). Back to normal once healthy. Needs CAP_SYS_NICE; without it, no change.
+# and a process pinned behind it got ~1 % of that core: the new worker of a blue-green start
+# under load registered after 31-109 s (once over 300 s) instead of 21-24 s boosted, and a torch
+# import pinned there took 22-98 s instead of 1-2 s boosted. Back to normal once healthy. Needs
+# CAP_SYS_NICE; without it, no change.
 START_BOOST_NICE = -5
 
 
