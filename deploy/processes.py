@@ -234,16 +234,31 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def _describe(pid: int) -> str:
+def _stat(pid: int) -> tuple[str, list[str]] | None:
+    """A live process's command name and the fields of /proc/<pid>/stat after it."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             head, rest = f.read().rsplit(") ", 1)
-        fields = rest.split()
-        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return None
+    return head.split("(", 1)[1], rest.split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a live process has used (0 once it is gone)."""
+    stat = _stat(pid)
+    return (int(stat[1][11]) + int(stat[1][12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
+
+
+def _describe(pid: int) -> str:
+    stat = _stat(pid)
+    try:
         wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+    except (FileNotFoundError, ProcessLookupError):
+        stat = None
+    if stat is None:
         return f"{pid} (gone)"
-    return f"{pid} {head.split('(', 1)[1]} {fields[0]} {cpu_s:.0f}s cpu wchan={wchan}"
+    return f"{pid} {stat[0]} {stat[1][0]} {cpu_seconds(pid):.0f}s cpu wchan={wchan}"
 
 
 def _group_alive(pgid: int) -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from deploy.bench.agentic import plot, public, run
 from deploy.bench.workload import SessionShape, session_plan
 from deploy.config import load_config
 from deploy.launcher import components, down, up
-from deploy.processes import ProcessManager, group_pids
+from deploy.processes import ProcessManager, cpu_seconds, group_pids
 
 SIM_SHAPE = SessionShape(sessions=64)
 SWEEP_SHAPE = SessionShape(sessions=24, turns=4)  # one sweep point per split and concurrency
@@ -77,20 +76,9 @@ def idle_cores(cfg, seconds: float) -> float:
     request, in cores."""
     pm = ProcessManager(cfg.run_dir)
     pids = [p for c in components(cfg) if (g := pm.pid(c.name)) for p in group_pids(g)]
-
-    def ticks() -> int:
-        total = 0
-        for pid in pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            total += int(fields[11]) + int(fields[12])
-        return total
-
-    before = ticks()
+    before = sum(map(cpu_seconds, pids))
     time.sleep(seconds)
-    return round((ticks() - before) / os.sysconf("SC_CLK_TCK") / seconds, 3)
+    return round((sum(map(cpu_seconds, pids)) - before) / seconds, 3)
 
 
 def warm_up(url: str, model: str, wait_s: float = 120) -> None:
