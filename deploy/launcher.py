@@ -21,9 +21,10 @@ from deploy.adapters import reload_adapters
 from deploy import host_tier
 from deploy.config import StackConfig
 from deploy.event_broker import broker_url
-from deploy.processes import Component, ProcessManager, StartError
+from deploy.processes import Component, ProcessManager, StartError, log_tail
 from deploy.slots import worker_index
 from deploy.supervisor import STATE_FILE, load_state, stack_lock
+from serve.config import GatewayConfig
 from serve.secret_files import write_private
 
 console = Console(stderr=True)

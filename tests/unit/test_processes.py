@@ -69,3 +69,15 @@ def test_a_starting_component_and_its_children_run_boosted_until_settled(tmp_pat
     finally:
         pm.stop("engine", timeout=5)
         pm.stop("watcher", timeout=5)
+
+
+def test_a_start_that_never_gets_healthy_says_what_its_processes_do_and_what_they_logged(tmp_path):
+    from deploy.config import load_config
+    from deploy.launcher import start_components
+
+    cfg = load_config("local", [f"home={tmp_path}", "start_timeout_s=1"], environ={})
+    code = "print('loading weights', flush=True); import time; time.sleep(60)"
+    hung = Component("hung", [sys.executable, "-c", code], health_url="http://127.0.0.1:9/health")
+    with pytest.raises(StartError, match=r"(?s)hung not healthy after 1 s; processes: \d+ python S .*loading weights"):
+        start_components(cfg, [hung])
+    assert ProcessManager(cfg.run_dir).pid("hung") is None  # what the failed start began is stopped
