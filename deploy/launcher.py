@@ -63,7 +63,6 @@ def _worker_ready(cfg: StackConfig, listed: bool = True):
 def components(cfg: StackConfig) -> list[Component]:
     """Everything `up` starts, in order: the stack's shared parts, the serving slot's deployment,
     the gateway."""
-    py = sys.executable
     comps = []
     if cfg.redis.enabled:
         comps.append(Component(name="redis", ports=[cfg.redis.port], argv=[
@@ -74,14 +73,17 @@ def components(cfg: StackConfig) -> list[Component]:
     if cfg.host_tier.enabled:
         comps += host_tier.host_tier_components(cfg)
     comps += deployment_components(cfg)
-    gw = cfg.resolved_gateway()
-    gw_path = cfg.run_dir / "gateway.json"
-    write_private(gw_path, gw.model_dump_json(indent=2))  # it holds the admin key
-    comps.append(Component(
-        name="gateway", argv=[py, "-m", "serve", "--config", str(gw_path)],
-        env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
-        health_url=f"http://{gw.host}:{gw.port}/health", ports=[gw.port]))
+    comps.append(gateway_component(cfg, cfg.resolved_gateway()))
     return comps
+
+
+def gateway_component(cfg: StackConfig, gw: GatewayConfig, name: str = "gateway") -> Component:
+    """A gateway process on ``gw`` (written to ``<run>/<name>.json``: it holds the admin key)."""
+    gw_path = cfg.run_dir / f"{name}.json"
+    write_private(gw_path, gw.model_dump_json(indent=2))
+    return Component(name=name, argv=[sys.executable, "-m", "serve", "--config", str(gw_path)],
+                     env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
+                     health_url=f"http://{gw.host}:{gw.port}/health", ports=[gw.port])
 
 
 def deployment_components(cfg: StackConfig) -> list[Component]:

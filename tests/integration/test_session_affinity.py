@@ -3,7 +3,6 @@ of two gateway replicas keeps the session on the worker that holds its prefix. A
 (multi-turn sessions on a shared system prefix, cold arrivals with long uncached prompts) on the
 default sim profile (two Dynamo mocker workers, KV routing) reuses the ideal prefix cache."""
 
-import sys
 import time
 
 import pytest
@@ -11,9 +10,8 @@ import pytest
 from deploy.bench.agentic import Target, run
 from deploy.bench.workload import SessionShape, session_plan
 from deploy.config import load_config
-from deploy.launcher import down, up
-from deploy.processes import Component, ProcessManager
-from serve.secret_files import write_private
+from deploy.launcher import down, gateway_component, up
+from deploy.processes import ProcessManager
 
 pytestmark = pytest.mark.integration
 
@@ -26,13 +24,8 @@ CONCURRENCY = 12
 
 def second_gateway(cfg, port: int) -> ProcessManager:
     """Another replica of the stack's gateway (same deployments, keys and store) on ``port``."""
-    gw = cfg.resolved_gateway().model_copy(update={"port": port})
-    path = cfg.run_dir / "gateway-2.json"
-    write_private(path, gw.model_dump_json())
+    comp = gateway_component(cfg, cfg.resolved_gateway().model_copy(update={"port": port}), "gateway-2")
     pm = ProcessManager(cfg.run_dir)
-    comp = Component("gateway-2", [sys.executable, "-m", "serve", "--config", str(path)],
-                     env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}, ports=[port],
-                     health_url=f"http://127.0.0.1:{port}/health")
     pm.start(comp)
     deadline = time.monotonic() + 60
     while not pm.check_ready(comp):
