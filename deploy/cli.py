@@ -163,16 +163,54 @@ def model_tiny(out_dir: Path, seed: int = typer.Option(0, help="weights seed")):
 
 @app.command()
 def demo(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
-         turns: int = typer.Option(1, help="turns of the loop to run"),
-         seed: int = typer.Option(0, help="task sample and sampling seed"),
+         turns: int = typer.Option(3, help="turns of the loop to run"),
+         seed: int = typer.Option(0, help="sampling and training seed"),
          keep_up: bool = typer.Option(False, help="leave the stack running afterwards"),
-         full: bool = typer.Option(False, "--full", help="fine-tune every weight and reload them in "
-                                                         "place, instead of a LoRA")):
-    """Turns of the loop: eval -> rollouts -> rewards -> export -> fine-tune -> hot-swap -> eval."""
+         full: bool = typer.Option(False, "--full", help="rejection sampling that fine-tunes every "
+                                                         "weight and reloads them in place")):
+    """`flywheel loop` on the built-in task: the exact-solve rate per turn, printed and plotted."""
     from deploy.demo import run_demo
 
     result = run_demo(_config(profile, set_), keep_up=keep_up, turns=turns, seed=seed, full=full)
     sys.exit(0 if result["ok"] else 1)
+
+
+@app.command()
+def loop(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
+         env: str = typer.Option("envs.vf_wordops", help="verifiers taskset: MODULE or MODULE:Taskset "
+                                                          "(importable from PYTHONPATH)"),
+         env_arg: Optional[list[str]] = typer.Option(None, "--env-arg", help="taskset config KEY=VALUE"),
+         turns: int = typer.Option(3, help="turns of the loop"),
+         algo: str = typer.Option("grpo", help="grpo (policy gradient on the engine's logprobs) "
+                                               "or rs (rejection sampling: SFT on exact solves)"),
+         train_tasks: int = typer.Option(32, help="tasks rolled out each turn (the first ones)"),
+         eval_tasks: int = typer.Option(64, help="tasks after those, held back for the greedy eval"),
+         samples: int = typer.Option(8, help="rollouts per task (the GRPO group)"),
+         max_tokens: int = typer.Option(8, help="max tokens per model turn"),
+         steps: int = typer.Option(40, help="optimiser steps per turn"),
+         solve_at: float = typer.Option(1.0, help="reward that counts as an exact solve"),
+         seed: int = typer.Option(0),
+         resume: Optional[str] = typer.Option(None, help="a run id (or 'last') to resume from its "
+                                                        "last completed phase"),
+         keep_up: bool = typer.Option(False, help="leave a stack this command started running"),
+         as_json: bool = typer.Option(False, "--json", help="print the result as one JSON document")):
+    """The loop on any verifiers taskset: rollouts -> rewards -> export -> train -> hot-swap -> eval."""
+    from deploy.config import _parse_value
+    from deploy.loop import LoopConfig, run_loop
+
+    if algo not in ("rs", "grpo"):
+        raise typer.BadParameter("choose rs or grpo", param_hint="--algo")
+    args = {}
+    for item in env_arg or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--env-arg")
+        args[key] = _parse_value(value)
+    lc = None if resume else LoopConfig(env=env, env_args=args, turns=turns, algo=algo, train_tasks=train_tasks,
+                                        eval_tasks=eval_tasks, samples=samples, max_tokens=max_tokens,
+                                        steps=steps, solve_at=solve_at, seed=seed)
+    result = run_loop(_config(profile, set_), lc, resume=resume, keep_up=keep_up, as_json=as_json)
+    sys.exit(0 if result["improved"] else 1)
 
 
 @app.command("export")

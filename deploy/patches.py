@@ -38,6 +38,27 @@ NIXL_DELAY = ("        agent_config.pthrDelay = 0\n",
               "'100000'))  # flywheel: a fallback wake-up, not a busy poll\n")
 NIXL_DELAY_BEFORE = "        agent_config.pthrDelay = 100000  # flywheel: 100 ms fallback, not a busy poll\n"
 
+# vLLM's in-place reload (``reload_weights``, behind ``/update_weights``) loads layer by layer.
+# A tied LM head (``tie_word_embeddings``: the tiny model's) has no tensor of its own in the
+# checkpoint, so the reload puts its *old* tensors back ("ParallelLMHead: Failed to load
+# weights"), and on CPU its GEMM was prepacked from them too: the engine then samples from the
+# new body through the old embedding. Measured on the warmed tiny model: the served greedy
+# tokens were 3.4-5.6 nats below the new weights' argmax. After the reload the head is tied to
+# the embedding just loaded and its GEMM is packed again.
+RETIE_HEAD = ("""def finalize_layerwise_reload(*args, **kwargs):
+    finalize_layerwise_processing(*args, **kwargs)
+""", """def finalize_layerwise_reload(*args, **kwargs):
+    finalize_layerwise_processing(*args, **kwargs)
+    # flywheel: re-tie a tied LM head to the embedding just loaded, then repack its GEMM
+    model = args[0] if args else kwargs["model"]
+    head, inner = getattr(model, "lm_head", None), getattr(model, "model", None)
+    embed = getattr(inner, "embed_tokens", None)
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if tied and head is not None and embed is not None and hasattr(head, "quant_method"):
+        head.quant_method.tie_weights(head, embed)
+        head.quant_method.process_weights_after_loading(head)
+""")
+
 
 def _module_file(module: str) -> Path | None:
     spec = importlib.util.find_spec(module.split(".")[0])
@@ -65,6 +86,7 @@ def patch(module: str, old: str, new: str, earlier: tuple[str, ...] = ()) -> str
 def main() -> int:
     print(patch("dynamo.vllm.multimodal_utils.models.qwen", *QWEN_IMPORT))
     print(patch("vllm.v1.worker.gpu_model_runner", *SEEDED_DISCARD))
+    print(patch("vllm.model_executor.model_loader.reload.layerwise", *RETIE_HEAD))
     for variant in ("nixl_cu12", "nixl_cu13"):
         print(patch(f"{variant}._api", *NIXL_DELAY, earlier=(NIXL_DELAY_BEFORE,)))
     return 0

@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 import time
+import types
 from dataclasses import dataclass
 
 import httpx
@@ -23,10 +24,21 @@ KEY_VAR = "FW_ROLLOUT_KEY"  # verifiers drops names containing "API_KEY"; FLYWHE
 
 
 def _flat_alias(module: str) -> str:
-    """verifiers resolves plugin ids as top-level module names; expose a dotted module of ours
-    under a flat name it can import."""
-    flat = module.replace(".", "_")
-    sys.modules.setdefault(flat, importlib.import_module(module))
+    """verifiers resolves plugin ids as top-level module names that export one Taskset (or
+    Harness) in ``__all__``; expose ``pkg.module`` (or ``pkg.module:Class``, for a module with
+    several) under a flat name it can import."""
+    name, _, cls = module.partition(":")
+    flat = (name + ("__" + cls if cls else "")).replace(".", "_")
+    if flat not in sys.modules:
+        target = importlib.import_module(name)
+        if cls:
+            if not hasattr(target, cls):
+                raise ValueError(f"{name} has no {cls!r}")
+            view = types.ModuleType(flat)
+            view.__dict__.update({k: v for k, v in vars(target).items() if not k.startswith("__")})
+            view.__all__ = [cls]
+            target = view
+        sys.modules[flat] = target
     return flat
 
 
@@ -40,24 +52,28 @@ class EpisodeResult:
 
 
 async def _episodes(taskset: str, base_url: str, model: str, n: int, rollouts: int,
-                    max_tokens: int, temperature: float, max_turns: int, env_id: str) -> list[EpisodeResult]:
+                    max_tokens: int, temperature: float, max_turns: int, env_id: str,
+                    offset: int = 0, taskset_args: dict | None = None) -> list[EpisodeResult]:
     import verifiers.v1 as vf
 
     env = vf.load_environment(vf.SingleAgentEnvConfig(
-        taskset={"id": _flat_alias(taskset)},
+        taskset={"id": _flat_alias(taskset), **(taskset_args or {})},
         agent={"runtime": vf.SubprocessConfig(), "harness": {"id": _flat_alias("envs.vf_harness")},
                "max_turns": max_turns}))
     sampling = vf.SamplingConfig(temperature=temperature, max_tokens=max_tokens)
-    tasks = list(env.taskset.take(n))
+    tasks = list(env.taskset.take(offset + n))[offset:]
+    if len(tasks) < n:
+        raise ValueError(f"{taskset} has {offset + len(tasks)} tasks; {offset + n} were asked for")
 
-    def context(task) -> "vf.ModelContext":
-        # one client config per example, so each rollout's trace rows say which example it was
+    def context(task, k: int) -> "vf.ModelContext":
+        # one client config per rollout, so each trace row says which example and rollout it was
         return vf.ModelContext(model=model, sampling=sampling, client=vf.EvalClientConfig(
             base_url=f"{base_url}/v1", api_key_var=KEY_VAR,
-            headers={"X-Env-ID": env_id, "X-Example-ID": task.data.id}))
+            headers={"X-Env-ID": env_id, "X-Example-ID": task.data.id,
+                     "X-Rollout-ID": f"{env_id}/{task.data.id}/{k}"}))
 
     async with env.serving():
-        episodes = await asyncio.gather(*(env.run_episode(t, context(t)) for t in tasks for _ in range(rollouts)))
+        episodes = await asyncio.gather(*(env.run_episode(t, context(t, k)) for t in tasks for k in range(rollouts)))
     out = []
     for ep in episodes:
         tr = ep.traces[0]
@@ -87,12 +103,15 @@ def _trace_ids(base_url: str, key: str, sessions: list[str], expect_at_least: in
 
 def run_env(taskset: str, base_url: str, key: str, model: str, n: int = 8, rollouts: int = 1,
             max_tokens: int = 16, temperature: float = 1.0, max_turns: int = 4,
-            env_id: str | None = None) -> list[EpisodeResult]:
-    """Run episodes, then post each rollout's reward against every trace of its session."""
+            env_id: str | None = None, offset: int = 0,
+            taskset_args: dict | None = None) -> list[EpisodeResult]:
+    """Run ``rollouts`` episodes of each of tasks ``offset .. offset + n``, then post each
+    rollout's reward against every trace of its session. ``taskset_args`` are the taskset's
+    config fields (``seed``, ``n``, its own)."""
     env_id = env_id or taskset
     os.environ[KEY_VAR] = key
     results = asyncio.run(_episodes(taskset, base_url, model, n, rollouts, max_tokens, temperature,
-                                    max_turns, env_id))
+                                    max_turns, env_id, offset, taskset_args))
     traces = _trace_ids(base_url, key, [r.session_id for r in results], len(results))
     feedback = [{"trace_id": t, "reward": r.reward, "source": f"env:{env_id}"}
                 for r in results for t in traces.get(r.session_id, [])]

@@ -30,6 +30,8 @@ class Checkpoint:
     dataset: dict | None = None        # the export manifest (sql, rows, content hash)
     metrics: dict = field(default_factory=dict)
     created: str = ""
+    env: str | None = None             # the environment whose rewards trained it
+    turn: int | None = None            # the loop turn that made it
 
 
 class RegistryError(ValueError):
@@ -58,7 +60,8 @@ class Registry:
 
     def register(self, version: str, kind: str, path: str | Path, base_model: str,
                  parent: str | None = None, dataset: dict | None = None,
-                 metrics: dict | None = None) -> Checkpoint:
+                 metrics: dict | None = None, env: str | None = None,
+                 turn: int | None = None) -> Checkpoint:
         if kind not in ("lora", "full"):
             raise RegistryError(f"kind must be 'lora' or 'full', not {kind!r}")
         if version == BASE:
@@ -67,7 +70,7 @@ class Registry:
             raise RegistryError(f"checkpoint path {path} is not a directory")
         ckpt = Checkpoint(version=version, kind=kind, path=str(Path(path).resolve()),
                           base_model=str(base_model), parent=parent, dataset=dataset,
-                          metrics=metrics or {},
+                          metrics=metrics or {}, env=env, turn=turn,
                           created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         with self._edit() as data:
             if version in data["checkpoints"]:

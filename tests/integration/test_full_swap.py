@@ -110,6 +110,21 @@ def test_checkpoint_deploy_twice_then_rollback_serves_the_first_again(stack, adm
     assert not load.failed(), (len(load.results), load.failed()[:3])
 
 
+def test_weights_unlike_the_old_ones_in_every_tensor_are_served_exactly(stack, admin, tmp_path):
+    # The fine-tunes above move the weights a little; a model made from another seed moves every
+    # tensor, the tied embedding / LM head included (a reload once left the old head in place).
+    from deploy.tiny_model import make_tiny_model
+
+    url, headers, swap = admin
+    other = make_tiny_model(tmp_path / "other-seed", seed=7)
+    if "other-seed" not in {c.version for c in swap.registry.list()}:
+        swap.registry.register("other-seed", "full", other, str(stack.model_path))
+    swap.deploy("tiny", "other-seed")
+    assert_serves(url, headers, other, stack.model_path)
+    swap.reset("tiny")
+    assert_serves(url, headers, stack.model_path, other)
+
+
 def test_no_request_after_a_weight_change_reuses_kv_from_before_it(stack, admin, checkpoints):
     url, headers, _ = admin
     long_prompt = {"model": "tiny", "max_tokens": 2, "temperature": 0,

@@ -1,0 +1,312 @@
+"""`flywheel loop`: the feedback loop on any verifiers taskset, turn after turn, resumable.
+
+Per turn: rollouts of the taskset's first ``train_tasks`` tasks through the gateway (rewards from
+the environment's own reward functions, posted to ``/v1/feedback``) -> an export by SQL (``rl``
+rows with the engine's logprobs for GRPO, or ``sft`` rows of exact solves for rejection
+sampling) -> training a LoRA on the warmed base -> register (lineage: dataset manifest, parent,
+env, turn) -> hot-swap -> a greedy eval on the ``eval_tasks`` held back after them.
+
+Every phase's result is written to ``<home>/loops/<run>/state.json`` when it completes; the
+checkpoints, datasets and rewards are durable already, so ``--resume RUN`` carries on from the
+last completed phase (a phase cut short runs again, its partial rollouts under another env id).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from deploy.config import StackConfig
+from deploy.loop_report import Reporter
+
+PHASES = ("rollouts", "export", "train", "deploy", "eval")
+
+
+@dataclass
+class LoopConfig:
+    env: str = "envs.vf_wordops"          # MODULE or MODULE:Taskset, importable from PYTHONPATH
+    env_args: dict = field(default_factory=dict)  # the taskset's config fields
+    turns: int = 3
+    algo: Literal["rs", "grpo"] = "grpo"
+    train_tasks: int = 32                  # tasks rolled out each turn
+    eval_tasks: int = 64                   # the tasks after them, held back for the greedy eval
+    samples: int = 8                       # rollouts per task (the GRPO group)
+    max_tokens: int = 8
+    steps: int = 40                        # optimiser steps per turn
+    solve_at: float = 1.0                  # an exact solve: reward at least this (the max)
+    seed: int = 0
+    full: bool = False                     # rs only: fine-tune every weight, reload in place
+
+
+class LoopState:
+    """The run's durable record: its config and each completed phase's result."""
+
+    def __init__(self, path: Path, data: dict):
+        self.path, self.data = path, data
+
+    @classmethod
+    def open(cls, home: Path, run_id: str | None, lc: LoopConfig | None) -> "LoopState":
+        root = home / "loops"
+        if run_id is None:  # a new run
+            run_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-s{lc.seed}"
+            state = cls(root / run_id / "state.json", {"run_id": run_id, "config": asdict(lc), "phases": {}})
+            state.save()
+            return state
+        if run_id == "last":
+            runs = sorted(root.glob("*/state.json"), key=lambda p: p.stat().st_mtime)
+            if not runs:
+                raise FileNotFoundError(f"no loop run under {root} to resume")
+            run_id = runs[-1].parent.name
+        path = root / run_id / "state.json"
+        if not path.exists():
+            raise FileNotFoundError(f"no loop run {run_id!r} under {root}")
+        return cls(path, json.loads(path.read_text()))
+
+    @property
+    def run_id(self) -> str:
+        return self.data["run_id"]
+
+    @property
+    def config(self) -> LoopConfig:
+        return LoopConfig(**self.data["config"])
+
+    def done(self, phase: str) -> dict | None:
+        return self.data["phases"].get(phase)
+
+    def record(self, phase: str, result: dict) -> None:
+        self.data["phases"][phase] = result
+        self.save()
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2))
+        os.replace(tmp, self.path)
+
+
+def _wait_rewarded(store, env_id: str, n: int, timeout_s: float = 30.0) -> int:
+    """Wait until ``n`` of the env's trace rows carry a reward (they reach Parquet in batches)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        store.refresh()
+        got = store.sql("SELECT count(*) AS n FROM traces t JOIN rewards r USING (trace_id) "
+                        f"WHERE t.env_id = '{env_id}' AND r.name = 'reward'").column("n")[0].as_py()
+        if got >= n or time.monotonic() > deadline:
+            return got
+        time.sleep(0.3)
+
+
+def _tokens(store, env_ids: list[str]) -> int:
+    quoted = ", ".join(f"'{e}'" for e in env_ids)
+    row = store.sql("SELECT coalesce(sum(gen_ai_usage_input_tokens + gen_ai_usage_output_tokens), 0) AS n "
+                    f"FROM traces WHERE env_id IN ({quoted})")
+    return int(row.column("n")[0].as_py())
+
+
+def _summary(results, solve_at: float) -> dict:
+    n = max(len(results), 1)
+    return {"n": len(results), "reward_mean": round(sum(r.reward for r in results) / n, 4),
+            "exact_solve": round(sum(r.reward >= solve_at for r in results) / n, 4)}
+
+
+class Loop:
+    def __init__(self, cfg: StackConfig, state: LoopState, key: str, report: Reporter):
+        import datasets
+        import transformers
+
+        from feedback.hotswap import HotSwap
+        from feedback.registry import Registry
+        from traces.store import TraceStore
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+
+        self.cfg, self.state, self.lc, self.key, self.report = cfg, state, state.config, key, report
+        gw = cfg.resolved_gateway()
+        self.url = f"http://{gw.host}:{gw.port}"
+        self.alias = cfg.worker.served_model_name
+        self.store = TraceStore(cfg.traces_path)
+        self.registry = Registry(cfg.home_path / "checkpoints.json")
+        self.swap = HotSwap(self.url, gw.admin_key, self.registry, cfg.deployment_name, self.alias, cfg.model_path)
+
+    def _phase(self, name: str, fn) -> dict:
+        """Run ``fn`` unless the state already has its result; record the result with its time."""
+        done = self.state.done(name)
+        if done is not None:
+            return done
+        t0 = time.monotonic()
+        with self.report.phase(name):
+            result = fn()
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        self.state.record(name, result)
+        return result
+
+    def _episodes(self, env_id: str, offset: int, n: int, samples: int, temperature: float):
+        from envs.vf_run import run_env
+
+        return run_env(self.lc.env, self.url, self.key, self.alias, n=n, rollouts=samples,
+                       max_tokens=self.lc.max_tokens, temperature=temperature, env_id=env_id,
+                       offset=offset, taskset_args=self.lc.env_args)
+
+    def _eval(self, turn: int) -> dict:
+        env_id = f"{self.state.run_id}-eval-t{turn}"
+        results = self._episodes(env_id, self.lc.train_tasks, self.lc.eval_tasks, 1, 0.0)
+        out = {**_summary(results, self.lc.solve_at), "env_id": env_id,
+               "examples": [[r.example_id, r.reply, r.reward] for r in results[:3]]}
+        out["tokens"] = _tokens(self.store, [env_id]) if _wait_rewarded(self.store, env_id, len(results)) else 0
+        return out
+
+    def _rollouts(self, turn: int) -> dict:
+        attempt = sum(1 for k in self.state.data.get("attempts", []) if k == turn)
+        self.state.data.setdefault("attempts", []).append(turn)  # a rerun after a crash gets a new env id
+        self.state.save()
+        env_id = f"{self.state.run_id}-t{turn}-a{attempt}"
+        lc = self.lc
+        results = self._episodes(env_id, 0, lc.train_tasks, lc.samples, 1.0)
+        rewarded = _wait_rewarded(self.store, env_id, len(results))
+        return {**_summary(results, lc.solve_at), "env_id": env_id, "rewarded": rewarded,
+                "tokens": _tokens(self.store, [env_id])}
+
+    def _export(self, turn: int, rollouts: dict) -> dict:
+        from feedback.export import export
+
+        lc = self.lc
+        out = self.cfg.home_path / "datasets" / f"{self.state.run_id}-t{turn}"
+        base = ("SELECT t.*, r.reward FROM traces t JOIN rewards r USING (trace_id) "
+                "WHERE r.name = 'reward' AND t.http_status = 200 AND ")
+        if lc.algo == "grpo":  # this turn's groups, as sampled by the policy being updated
+            sql = base + f"t.env_id = '{rollouts['env_id']}'"
+            return export(self.store, "rl", out, sql)
+        # rejection sampling: the best exact solve per task among all this run's rollouts
+        sql = (base + f"t.env_id LIKE '{self.state.run_id}-t%' AND r.reward >= {lc.solve_at} "
+               "QUALIFY row_number() OVER (PARTITION BY t.example_id ORDER BY t.trace_id) = 1")
+        return export(self.store, "sft", out, sql)
+
+    def _train(self, turn: int, parent: str, warm: Path, manifest: dict) -> dict:
+        import datasets
+
+        from feedback.grpo import GRPOConfig, train_grpo
+        from feedback.train import TrainConfig, train_full, train_lora
+
+        lc = self.lc
+        version = f"{lc.algo}-{self.state.run_id}-t{turn}"
+        ckpt = self.cfg.home_path / "checkpoints" / version
+        rows = list(datasets.load_from_disk(str(self.cfg.home_path / "datasets" / f"{self.state.run_id}-t{turn}")))
+        init = self.registry.get(parent).path if parent != self.state.data["base_version"] else None
+        seed = lc.seed * 1000 + turn
+        if lc.algo == "grpo":
+            metrics = train_grpo(warm, rows, ckpt, GRPOConfig(steps=lc.steps, seed=seed), init_adapter=init)
+        else:
+            losses: list[float] = []
+            if lc.full:
+                train_full(init or warm, rows, ckpt, TrainConfig(steps=lc.steps, lr=3e-4, seed=seed),
+                           progress=lambda s, loss: losses.append(loss))
+            else:
+                train_lora(warm, rows, ckpt, TrainConfig(steps=lc.steps, seed=seed),
+                           progress=lambda s, loss: losses.append(loss), init_adapter=init)
+            metrics = {"algo": "rs", "rows": len(rows), "loss_first": losses[0], "loss_last": losses[-1]}
+        return {"version": version, "path": str(ckpt), "metrics": metrics,
+                "kind": "full" if lc.full else "lora", "dataset": manifest}
+
+    def _deploy(self, turn: int, parent: str, trained: dict) -> dict:
+        from feedback.registry import RegistryError
+
+        try:
+            self.registry.register(trained["version"], trained["kind"], trained["path"],
+                                   self.state.data["warm_path"], parent=parent, dataset=trained["dataset"],
+                                   metrics=trained["metrics"], env=self.lc.env, turn=turn)
+        except RegistryError:
+            if self.registry.get(trained["version"]).path != str(Path(trained["path"]).resolve()):
+                raise  # a resumed deploy finds its own registration; anything else is a clash
+        self.swap.deploy(self.alias, trained["version"])
+        return {"version": trained["version"]}
+
+    def _base(self) -> tuple[Path, str]:
+        """The warmed base checkpoint (built once per recipe), registered as a full checkpoint."""
+        from deploy.warm_model import WarmupRecipe, warm_up
+        from feedback.registry import BASE
+
+        recipe = WarmupRecipe()
+        warm = self.cfg.home_path / "models" / f"tiny-warm-{recipe.key()[:8]}"
+        with self.report.phase("base: the tiny model's warm-up (once per recipe)"):
+            warm_up(self.cfg.model_path, warm, recipe, progress=self.report.progress("warm-up"))
+        version = f"warm-{recipe.key()[:8]}"
+        if version not in {c.version for c in self.registry.list()}:
+            self.registry.register(version, "full", warm, str(self.cfg.model_path), parent=BASE,
+                                   metrics=json.loads((warm / "warmup.json").read_text()))
+        return warm, version
+
+    def run(self) -> list[dict]:
+        lc, state = self.lc, self.state
+        warm, base_version = self._base()
+        state.data.update(warm_path=str(warm), base_version=base_version)
+        current = base_version
+        for turn in range(1, lc.turns + 1):  # a resume serves what the last completed deploy did
+            deployed = state.done(f"{turn}.deploy")
+            current = deployed["version"] if deployed else current
+        self.swap.deploy(self.alias, base_version)  # the warmed weights, reloaded in place
+        if current != base_version:
+            self.swap.deploy(self.alias, current)
+        turns = [{"turn": 0, "version": base_version, "eval": self._phase("0.eval", lambda: self._eval(0))}]
+        self.report.turn(turns[-1])
+        parent = base_version
+        for t in range(1, lc.turns + 1):
+            roll = self._phase(f"{t}.rollouts", lambda: self._rollouts(t))
+            manifest = self._phase(f"{t}.export", lambda: self._export(t, roll))
+            trained = self._phase(f"{t}.train", lambda: self._train(t, parent, warm, manifest))
+            self._phase(f"{t}.deploy", lambda: self._deploy(t, parent, trained))
+            ev = self._phase(f"{t}.eval", lambda: self._eval(t))
+            parent = trained["version"]
+            seconds = {p: state.done(f"{t}.{p}")["seconds"] for p in PHASES}
+            turns.append({"turn": t, "version": parent, "eval": ev, "rollouts": roll,
+                          "train": trained["metrics"], "seconds": seconds})
+            self.report.turn(turns[-1])
+        return turns
+
+
+def team_key(cfg: StackConfig, team: str = "demo") -> str:
+    """A key for ``team``, created once per home, so the loop's traces are attributed."""
+    from serve.keys import KeyStore
+    from serve.secret_files import write_private
+
+    path = cfg.run_dir / f"{team}.key"
+    if not path.exists():
+        _, key = KeyStore(cfg.resolved_gateway().keys_file).create(team, f"flywheel {team}")
+        write_private(path, key)
+    return path.read_text().strip()
+
+
+def run_loop(cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None = None,
+             keep_up: bool = False, as_json: bool = False) -> dict:
+    """Run (or resume) a loop; returns the per-turn record (also in the run's state.json)."""
+    from deploy.launcher import down, status, up
+
+    report = Reporter(quiet=as_json)
+    t0 = time.monotonic()
+    started_here = False
+    with report.phase("stack"):
+        if not all(r["healthy"] for r in status(cfg)):
+            up(cfg)
+            started_here = True
+    try:
+        state = LoopState.open(cfg.home_path, resume, lc)
+        turns = Loop(cfg, state, team_key(cfg), report).run()
+        plot = cfg.home_path / f"loop-{state.run_id}.png"
+        report.plot(turns, plot, state.config)
+        result = {"run_id": state.run_id, "env": state.config.env, "algo": state.config.algo,
+                  "turns": turns, "plot": str(plot), "wall_s": round(time.monotonic() - t0, 1),
+                  "improved": turns[-1]["eval"]["exact_solve"] > turns[0]["eval"]["exact_solve"]
+                  or turns[-1]["eval"]["reward_mean"] > turns[0]["eval"]["reward_mean"]}
+        state.data["result"] = result
+        state.save()
+        report.final(result)
+        return result
+    finally:
+        if started_here and not keep_up:
+            down(cfg)
