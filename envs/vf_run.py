@@ -28,7 +28,7 @@ def _flat_alias(module: str) -> str:
     Harness) in ``__all__``; expose ``pkg.module`` (or ``pkg.module:Class``, for a module with
     several) under a flat name it can import."""
     name, _, cls = module.partition(":")
-    flat = (name + ("__" + cls if cls else "")).replace(".", "_")
+    flat = (name + ("__" + cls if cls else "")).replace(".", "_").lower()  # as verifiers imports it
     if flat not in sys.modules:
         target = importlib.import_module(name)
         if cls:

@@ -81,6 +81,17 @@ def base_alias(stack):
             gw.deployments[0].name, "tiny", stack.model_path).reset("tiny")
 
 
+@pytest.fixture
+def base_afterwards(stack):
+    """For tests that move `tiny` to other weights: the base model under it again afterwards."""
+    from feedback.hotswap import HotSwap
+    from feedback.registry import Registry
+    yield
+    gw = stack.resolved_gateway()
+    HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, Registry(stack.home_path / "checkpoints.json"),
+            gw.deployments[0].name, "tiny", stack.model_path).reset("tiny")
+
+
 def exposed_listeners(cfg) -> tuple[set[str], list]:
     """(components that listen, listeners bound beyond loopback) for a running stack."""
     from deploy.launcher import components

@@ -1,0 +1,68 @@
+"""`flywheel loop` as its user runs it: a verifiers taskset of their own (from PYTHONPATH), GRPO
+on the served rollouts, the eval reward rising over two turns; and a crash mid-turn that a
+`--resume` carries on from the last completed phase, without rolling out again."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.loop import Loop, LoopConfig, LoopState, run_loop
+from tests.integration.conftest import LOCAL_STACK
+from traces.store import TraceStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("base_afterwards")]
+ROOT = Path(__file__).resolve().parents[2]
+HEAD_ENV = "tests.integration.vf_head_env:HeadTaskset"
+
+
+def test_loop_on_an_environment_the_test_defines_raises_its_eval_reward_in_two_turns(stack):
+    sets = [a for kv in [f"home={stack.home}", *LOCAL_STACK] for a in ("--set", kv)]
+    done = subprocess.run([str(Path(sys.executable).parent / "flywheel"), "loop", "--env", HEAD_ENV,
+                           "--turns", "2", "--json", *sets], capture_output=True, text=True, timeout=1200,
+                          cwd="/", env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(done.stdout)            # stdout is the JSON document alone
+    evals = [t["eval"] for t in result["turns"]]
+    print(f"\nhead (first word), greedy eval: {[e['reward_mean'] for e in evals]}, "
+          f"off-policy gap {[t['train']['off_policy_gap'] for t in result['turns'][1:]]}")
+    assert evals[2]["reward_mean"] > evals[0]["reward_mean"], evals
+    assert result["env"] == HEAD_ENV and result["algo"] == "grpo" and Path(result["plot"]).exists()
+    for t in result["turns"][1:]:
+        assert t["rollouts"]["n"] == 32 * 8 and t["rollouts"]["rewarded"] == 32 * 8
+        assert set(t["seconds"]) == {"rollouts", "export", "train", "deploy", "eval"}
+        assert t["train"]["off_policy_gap"] >= 0 and t["eval"]["n"] == 64
+    from feedback.registry import Registry
+
+    ckpt = Registry(stack.home_path / "checkpoints.json").get(result["turns"][2]["version"])
+    assert (ckpt.env, ckpt.turn, ckpt.parent) == (HEAD_ENV, 2, result["turns"][1]["version"])
+    assert ckpt.dataset["kind"] == "rl" and ckpt.dataset["rows"] == 32 * 8
+
+
+def test_a_loop_that_crashed_mid_turn_resumes_from_its_last_completed_phase(stack, monkeypatch):
+    lc = LoopConfig(env=HEAD_ENV, turns=1, train_tasks=8, eval_tasks=8, samples=4, steps=5, seed=3)
+    real_train, calls = Loop._train, []
+
+    def train_that_crashes_once(self, *args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("the trainer was killed")
+        return real_train(self, *args)
+
+    monkeypatch.setattr(Loop, "_train", train_that_crashes_once)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_loop(stack, lc)
+    state = LoopState.open(stack.home_path, "last", None)
+    assert {"0.eval", "1.rollouts", "1.export"} <= set(state.data["phases"]) and "1.train" not in state.data["phases"]
+    result = run_loop(stack, resume=state.run_id)
+    assert result["run_id"] == state.run_id and len(calls) == 2
+    state = LoopState.open(stack.home_path, state.run_id, None)
+    assert state.data["attempts"] == [1]        # the turn was rolled out once, not again
+    store = TraceStore(stack.traces_path)
+    store.refresh()
+    rows = store.sql(f"SELECT count(*) AS n FROM traces WHERE env_id LIKE '{state.run_id}-t1-%'")
+    assert rows.column("n")[0].as_py() == 8 * 4
+    assert set(state.data["phases"]) == {"0.eval", "1.rollouts", "1.export", "1.train", "1.deploy", "1.eval"}
