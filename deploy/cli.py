@@ -209,7 +209,11 @@ def loop(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
     lc = None if resume else LoopConfig(env=env, env_args=args, turns=turns, algo=algo, train_tasks=train_tasks,
                                         eval_tasks=eval_tasks, samples=samples, max_tokens=max_tokens,
                                         steps=steps, solve_at=solve_at, seed=seed)
-    result = run_loop(_config(profile, set_), lc, resume=resume, keep_up=keep_up, as_json=as_json)
+    try:
+        result = run_loop(_config(profile, set_), lc, resume=resume, keep_up=keep_up, as_json=as_json)
+    except (FileNotFoundError, ImportError) as exc:  # no such run / taskset: say so, no traceback
+        console.print(f"[red]error:[/] {exc}")
+        sys.exit(2)
     sys.exit(0 if result["improved"] else 1)
 
 

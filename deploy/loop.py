@@ -181,12 +181,14 @@ class Loop:
         base = ("SELECT t.*, r.reward FROM traces t JOIN rewards r USING (trace_id) "
                 "WHERE r.name = 'reward' AND t.http_status = 200 AND ")
         if lc.algo == "grpo":  # this turn's groups, as sampled by the policy being updated
-            sql = base + f"t.env_id = '{rollouts['env_id']}'"
-            return export(self.store, "rl", out, sql)
-        # rejection sampling: the best exact solve per task among all this run's rollouts
-        sql = (base + f"t.env_id LIKE '{self.state.run_id}-t%' AND r.reward >= {lc.solve_at} "
-               "QUALIFY row_number() OVER (PARTITION BY t.example_id ORDER BY t.trace_id) = 1")
-        return export(self.store, "sft", out, sql)
+            kind, sql = "rl", base + f"t.env_id = '{rollouts['env_id']}'"
+        else:  # rejection sampling: the first exact solve per task among all this run's rollouts
+            kind, sql = "sft", (base + f"t.env_id LIKE '{self.state.run_id}-t%' AND r.reward >= {lc.solve_at} "
+                                "QUALIFY row_number() OVER (PARTITION BY t.example_id ORDER BY t.trace_id) = 1")
+        try:
+            return export(self.store, kind, out, sql)
+        except ValueError as exc:  # nothing solved yet: this turn trains nothing
+            return {"kind": kind, "sql": sql, "rows": 0, "note": str(exc)}
 
     def _train(self, turn: int, parent: str, warm: Path, manifest: dict) -> dict:
         import datasets
@@ -197,11 +199,16 @@ class Loop:
         lc = self.lc
         version = f"{lc.algo}-{self.state.run_id}-t{turn}"
         ckpt = self.cfg.home_path / "checkpoints" / version
+        if not manifest["rows"]:
+            return self._unchanged(parent, manifest["note"])
         rows = list(datasets.load_from_disk(str(self.cfg.home_path / "datasets" / f"{self.state.run_id}-t{turn}")))
         init = self.registry.get(parent).path if parent != self.state.data["base_version"] else None
         seed = lc.seed * 1000 + turn
         if lc.algo == "grpo":
-            metrics = train_grpo(warm, rows, ckpt, GRPOConfig(steps=lc.steps, seed=seed), init_adapter=init)
+            try:
+                metrics = train_grpo(warm, rows, ckpt, GRPOConfig(steps=lc.steps, seed=seed), init_adapter=init)
+            except ValueError as exc:  # every group scored alike: no gradient this turn
+                return self._unchanged(parent, str(exc))
         else:
             losses: list[float] = []
             if lc.full:
@@ -214,9 +221,15 @@ class Loop:
         return {"version": version, "path": str(ckpt), "metrics": metrics,
                 "kind": "full" if lc.full else "lora", "dataset": manifest}
 
+    def _unchanged(self, parent: str, why: str) -> dict:
+        self.report.console.print(f"[yellow]nothing to train on this turn ({why}); {parent} stays[/]")
+        return {"version": parent, "path": None, "metrics": {"algo": self.lc.algo, "skipped": why}}
+
     def _deploy(self, turn: int, parent: str, trained: dict) -> dict:
         from feedback.registry import RegistryError
 
+        if trained["path"] is None:
+            return {"version": parent}
         try:
             self.registry.register(trained["version"], trained["kind"], trained["path"],
                                    self.state.data["warm_path"], parent=parent, dataset=trained["dataset"],
@@ -287,6 +300,10 @@ def run_loop(cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None 
     """Run (or resume) a loop; returns the per-turn record (also in the run's state.json)."""
     from deploy.launcher import down, status, up
 
+    from envs.vf_run import flat_alias
+
+    state = LoopState.open(cfg.home_path, resume, lc) if resume else None
+    flat_alias((state.config if state else lc).env)  # a taskset that does not import fails here, first
     report = Reporter(quiet=as_json)
     t0 = time.monotonic()
     started_here = False
@@ -295,7 +312,7 @@ def run_loop(cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None 
             up(cfg)
             started_here = True
     try:
-        state = LoopState.open(cfg.home_path, resume, lc)
+        state = state or LoopState.open(cfg.home_path, None, lc)
         turns = Loop(cfg, state, team_key(cfg), report).run()
         plot = cfg.home_path / f"loop-{state.run_id}.png"
         report.plot(turns, plot, state.config)

@@ -1,6 +1,6 @@
 """Run a verifiers environment against the gateway and post its rewards to the trace store.
 
-    python -m envs.vf_run envs.vf_reverse --base-url http://127.0.0.1:8000 --model tiny -n 8 -r 2
+    python -m envs.vf_run envs.vf_wordops --base-url http://127.0.0.1:8000 --model tiny -n 8 -r 2
 
 Each rollout's ``X-Session-ID`` is its verifiers trace id, so every turn it sent is a trace row
 with that ``gen_ai_conversation_id``; the rollout's reward is posted (``POST /v1/feedback``) for
@@ -23,7 +23,7 @@ import httpx
 KEY_VAR = "FW_ROLLOUT_KEY"  # verifiers drops names containing "API_KEY"; FLYWHEEL_* is config
 
 
-def _flat_alias(module: str) -> str:
+def flat_alias(module: str) -> str:
     """verifiers resolves plugin ids as top-level module names that export one Taskset (or
     Harness) in ``__all__``; expose ``pkg.module`` (or ``pkg.module:Class``, for a module with
     several) under a flat name it can import."""
@@ -33,7 +33,7 @@ def _flat_alias(module: str) -> str:
         target = importlib.import_module(name)
         if cls:
             if not hasattr(target, cls):
-                raise ValueError(f"{name} has no {cls!r}")
+                raise ImportError(f"{name} has no {cls!r}")
             view = types.ModuleType(flat)
             view.__dict__.update({k: v for k, v in vars(target).items() if not k.startswith("__")})
             view.__all__ = [cls]
@@ -57,8 +57,8 @@ async def _episodes(taskset: str, base_url: str, model: str, n: int, rollouts: i
     import verifiers.v1 as vf
 
     env = vf.load_environment(vf.SingleAgentEnvConfig(
-        taskset={"id": _flat_alias(taskset), **(taskset_args or {})},
-        agent={"runtime": vf.SubprocessConfig(), "harness": {"id": _flat_alias("envs.vf_harness")},
+        taskset={"id": flat_alias(taskset), **(taskset_args or {})},
+        agent={"runtime": vf.SubprocessConfig(), "harness": {"id": flat_alias("envs.vf_harness")},
                "max_turns": max_turns}))
     sampling = vf.SamplingConfig(temperature=temperature, max_tokens=max_tokens)
     tasks = list(env.taskset.take(offset + n))[offset:]
@@ -123,7 +123,7 @@ def run_env(taskset: str, base_url: str, key: str, model: str, n: int = 8, rollo
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("taskset", help="e.g. envs.vf_reverse or envs.vf_calc")
+    ap.add_argument("taskset", help="e.g. envs.vf_wordops, envs.vf_calc or pkg.module:Taskset")
     ap.add_argument("--base-url", default="http://127.0.0.1:8000")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--key", default=os.environ.get(KEY_VAR, ""), help=f"a team key (or ${KEY_VAR})")

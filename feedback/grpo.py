@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from feedback.train import LORA_TARGETS
+from feedback.train import lora_model
 
 
 @dataclass(frozen=True)
@@ -91,20 +91,11 @@ def train_grpo(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
     """Train a LoRA adapter (from ``init_adapter`` when given) with GRPO on ``rows`` and save
     it to ``out_dir``; returns the metrics (also written to ``flywheel_train.json``)."""
     import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     items = group_advantages(rows)
     if not items:
         raise ValueError("no prompt group has completions with different rewards: nothing to learn")
-    torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
-    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    if init_adapter is not None:
-        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
-    else:
-        model = get_peft_model(model, LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,
-                                                 target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    model, pad_id = lora_model(base_model, cfg.rank, cfg.alpha, cfg.seed, init_adapter)
     with torch.no_grad():
         model.eval()
         ids, attn, old, tmask, _ = _batch(items, pad_id)

@@ -77,6 +77,23 @@ def _with_completions(rows: Sequence[dict]) -> list[dict]:
     return rows
 
 
+def lora_model(base_model: str | Path, rank: int, alpha: int, seed: int,
+               init_adapter: str | Path | None = None):
+    """(trainable LoRA model over ``base_model`` in fp32, its pad id): a new adapter, or
+    ``init_adapter`` to continue from."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    if init_adapter is not None:
+        return PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True), pad_id
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
+                                            target_modules=LORA_TARGETS, task_type="CAUSAL_LM")), pad_id
+
+
 def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path,
                cfg: TrainConfig = TrainConfig(),
                progress: Callable[[int, float], None] | None = None,
@@ -84,19 +101,8 @@ def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
     """Fine-tune a LoRA adapter on ``rows`` (dicts with prompt/completion token ids) and save it
     in PEFT's layout (``adapter_config.json`` + ``adapter_model.safetensors``). With
     ``init_adapter``, training continues from that adapter (the parent checkpoint)."""
-    import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM
-
     rows = _with_completions(rows)
-    torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
-    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    if init_adapter is not None:
-        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
-    else:
-        model = get_peft_model(model, LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,
-                                                 target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    model, pad_id = lora_model(base_model, cfg.rank, cfg.alpha, cfg.seed, init_adapter)
     losses = _fit(model, rows, pad_id, cfg, progress)
     out = Path(out_dir)
     model.save_pretrained(out)

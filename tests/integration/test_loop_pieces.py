@@ -20,17 +20,19 @@ def team_key(stack):
 
 def test_a_verifiers_environment_runs_through_the_gateway_and_its_rewards_land_in_sql(
         stack, gateway_url, team_key):
-    results = run_env("envs.vf_reverse", gateway_url, team_key, "tiny", n=4, rollouts=2,
-                      max_tokens=8, env_id="vf-reverse-test")
+    results = run_env("envs.vf_wordops", gateway_url, team_key, "tiny", n=4, rollouts=2,
+                      max_tokens=8, env_id="vf-words-test")
     assert len(results) == 8 and all(r.ok for r in results)
     rows = TraceStore(stack.traces_path).sql(
         "SELECT t.example_id, t.rollout_id, t.gen_ai_conversation_id AS session, t.team, r.reward "
-        "FROM traces t JOIN rewards r USING (trace_id) WHERE t.env_id = 'vf-reverse-test'").to_pylist()
+        "FROM traces t JOIN rewards r USING (trace_id) WHERE t.env_id = 'vf-words-test'").to_pylist()
     assert len(rows) == 8
     by_session = {r.session_id: r.reward for r in results}
     for row in rows:
-        assert row["team"] == "evals" and row["example_id"].startswith("reverse-")
-        assert row["rollout_id"] == row["session"] and row["reward"] == pytest.approx(by_session[row["session"]])
+        assert row["team"] == "evals" and row["example_id"].startswith("tail-")
+        assert row["rollout_id"].startswith(f"vf-words-test/{row['example_id']}/")
+        assert row["reward"] == pytest.approx(by_session[row["session"]])
+    assert len({r["rollout_id"] for r in rows}) == 8 and len({r["session"] for r in rows}) == 8
 
 
 def test_token_in_token_out_generate_is_captured_like_any_request(stack, gateway_url):
