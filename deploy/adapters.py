@@ -37,9 +37,10 @@ def named_adapters(cfg: StackConfig) -> dict[str, str]:
 
 def swapped_weights(cfg: StackConfig) -> tuple[str, str] | None:
     """(directory, version) of full weights reloaded in place, when the workers start on others."""
-    for r in _routes(cfg):
-        if r.lora_path is None and r.weight_dir and Path(r.weight_dir) != cfg.serving_model_path:
-            return r.weight_dir, r.checkpoint_version
+    # an adapter's route records the base weights under it too; a base-weight alias names their version
+    for r in sorted(_routes(cfg), key=lambda r: r.lora_path is not None):
+        if r.weight_dir and Path(r.weight_dir) != cfg.serving_model_path:
+            return r.weight_dir, r.checkpoint_version if r.lora_path is None else Path(r.weight_dir).name
     return None
 
 

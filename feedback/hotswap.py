@@ -77,13 +77,15 @@ class HotSwap:
     def point(self, alias: str, version: str) -> None:
         lora_path = weight_dir = None
         if version == BASE:
-            weight_dir = self._weights_now(alias)  # the base weights load() left there, if reloaded
+            weight_dir = self.base_model_path  # what load() left there (None: never known)
         else:
             ckpt = self.registry.get(version)
             if ckpt.kind == "full":
                 weight_dir = str(Path(ckpt.path).resolve())
             else:
-                lora_path = str(Path(ckpt.path).resolve())
+                # the adapter runs over whatever base weights are loaded: record them, so a reset
+                # or a restarted worker knows they were swapped
+                lora_path, weight_dir = str(Path(ckpt.path).resolve()), self._weights_now(alias)
         self._post(f"/admin/models/{alias}", {
             "deployment": self.deployment, "upstream_model": self.upstream_name(alias, version),
             "checkpoint_version": version, "lora_path": lora_path, "weight_dir": weight_dir}, method="PUT")

@@ -37,7 +37,8 @@ class ModelRoute(StrictModel):
     lora_path: str | None = Field(None, description="the adapter's directory when upstream_model is a "
                                                     "LoRA, so a restarted worker can load it again")
     weight_dir: str | None = Field(None, description="the full weights reloaded in place into the "
-                                                     "deployment (None: the ones it started on)")
+                                                     "deployment, under the adapter for a LoRA "
+                                                     "(None: the ones it started on)")
     created: int = Field(default_factory=lambda: int(time.time()),
                          description="when the alias last changed what it serves (unix seconds)")
 

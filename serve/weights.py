@@ -69,10 +69,11 @@ class FullWeights:
         self.locks: dict[str, asyncio.Lock] = {}
 
     def serving(self, dep: Deployment) -> tuple[str | None, str]:
-        """(weight dir, version) the deployment's base aliases serve now."""
-        for r in self.routes.values():
-            if r.deployment == dep.name and r.lora_path is None and r.weight_dir:
-                return r.weight_dir, r.checkpoint_version
+        """(weight dir, version) of the base weights the deployment serves now (an adapter's
+        route records the weights under it; a base-weight alias names their version)."""
+        for r in sorted(self.routes.values(), key=lambda r: r.lora_path is not None):
+            if r.deployment == dep.name and r.weight_dir:
+                return r.weight_dir, r.checkpoint_version if r.lora_path is None else Path(r.weight_dir).name
         return dep.model_path, "base"
 
     async def reload(self, http, dep: Deployment, weight_dir: str, version: str) -> list[WorkerResult]:
@@ -119,6 +120,8 @@ class FullWeights:
             if r.deployment == dep.name and r.lora_path is None:
                 self.routes[alias] = r.model_copy(update={"checkpoint_version": version,
                                                           "weight_dir": weight_dir})
+            elif r.deployment == dep.name:  # an adapter keeps its version, over the new weights
+                self.routes[alias] = r.model_copy(update={"weight_dir": weight_dir})
 
 
 def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],

@@ -125,6 +125,27 @@ def test_weights_unlike_the_old_ones_in_every_tensor_are_served_exactly(stack, a
     assert_serves(url, headers, stack.model_path, other)
 
 
+def test_a_reset_after_an_adapter_over_swapped_weights_serves_the_base_weights_again(
+        stack, admin, checkpoints, tmp_path):
+    # `flywheel loop` serves its LoRAs over weights it reloaded: the alias then names the adapter,
+    # and the swapped weights under it must not be forgotten by a reset (or a restarted worker)
+    from feedback.train import train_lora
+
+    url, headers, swap = admin
+    step_1, _ = checkpoints
+    rows = [{"prompt_token_ids": PROMPT_IDS, "completion_token_ids": [700, 701]}] * 4
+    adapter = train_lora(stack.model_path, rows, tmp_path / "adapter", TrainConfig(steps=2))
+    for name, kind, path in [("under", "full", step_1), ("over", "lora", adapter)]:
+        if name not in {c.version for c in swap.registry.list()}:
+            swap.registry.register(name, kind, path, str(stack.model_path))
+    swap.deploy("tiny", "under")
+    swap.deploy("tiny", "over")
+    route = httpx.get(f"{url}/admin/models", headers=headers).json()["tiny"]
+    assert route["lora_path"] == str(adapter.resolve()) and route["weight_dir"] == str(step_1.resolve())
+    swap.reset("tiny")
+    assert_serves(url, headers, stack.model_path, step_1)
+
+
 def test_no_request_after_a_weight_change_reuses_kv_from_before_it(stack, admin, checkpoints):
     url, headers, _ = admin
     long_prompt = {"model": "tiny", "max_tokens": 2, "temperature": 0,

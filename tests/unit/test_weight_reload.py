@@ -68,9 +68,19 @@ def test_a_reload_that_works_everywhere_records_its_version_on_base_aliases_only
     assert [r.ok for r in results] == [True, True]
     assert routes["tiny"].checkpoint_version == "step_9" and routes["tiny"].weight_dir == new
     assert routes["tiny-lora"].checkpoint_version == "base"  # an adapter's version is its own
+    assert routes["tiny-lora"].weight_dir == new                # but it runs over the new weights
     paths = [p for _, p, _ in calls]
     assert paths.count(PAUSE) == 2 and paths.count(UPDATE) == 2 and paths.count(RESUME) == 2
     assert paths.index(RESUME) > max(i for i, p in enumerate(paths) if p == UPDATE)
+
+
+def test_an_adapter_over_swapped_weights_is_what_the_deployment_serves_when_no_alias_is_on_the_base(deployment):
+    # a loop moves its only alias from reloaded weights to an adapter over them: a rollback of a
+    # failed reload (and a restarted worker) must still come back to those weights, not the base
+    dep, routes, weights, base, new = deployment
+    del routes["tiny"]
+    routes["tiny-lora"] = routes["tiny-lora"].model_copy(update={"weight_dir": new})
+    assert weights.serving(dep) == (new, "new")
 
 
 def test_weights_of_another_shape_are_refused_before_any_worker_pauses(deployment, tmp_path):
