@@ -196,7 +196,8 @@ def loop(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
          as_json: bool = typer.Option(False, "--json", help="print the result as one JSON document")):
     """The loop on any verifiers taskset: rollouts -> rewards -> export -> train -> hot-swap -> eval."""
     from deploy.config import _parse_value
-    from deploy.loop import LoopConfig, run_loop
+    from deploy.loop import run_loop
+    from deploy.loop_state import LoopConfig
 
     if algo not in ("rs", "grpo"):
         raise typer.BadParameter("choose rs or grpo", param_hint="--algo")

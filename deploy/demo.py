@@ -9,7 +9,8 @@ the exact-solve rate on held-back tasks is what it reports, the partial credit o
 from __future__ import annotations
 
 from deploy.config import StackConfig
-from deploy.loop import LoopConfig, run_loop
+from deploy.loop import run_loop
+from deploy.loop_state import LoopConfig
 
 
 def run_demo(cfg: StackConfig, keep_up: bool = False, turns: int = 3, seed: int = 0,

@@ -14,79 +14,14 @@ last completed phase (a phase cut short runs again, its partial rollouts under a
 from __future__ import annotations
 
 import json
-import os
 import time
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
 
 from deploy.config import StackConfig
 from deploy.loop_report import Reporter
+from deploy.loop_state import LoopConfig, LoopState
 
 PHASES = ("rollouts", "export", "train", "deploy", "eval")
-
-
-@dataclass
-class LoopConfig:
-    env: str = "envs.vf_wordops"          # MODULE or MODULE:Taskset, importable from PYTHONPATH
-    env_args: dict = field(default_factory=dict)  # the taskset's config fields
-    turns: int = 3
-    algo: Literal["rs", "grpo"] = "grpo"
-    train_tasks: int = 32                  # tasks rolled out each turn
-    eval_tasks: int = 64                   # the tasks after them, held back for the greedy eval
-    samples: int = 8                       # rollouts per task (the GRPO group)
-    max_tokens: int = 8
-    steps: int = 40                        # optimiser steps per turn
-    solve_at: float = 1.0                  # an exact solve: reward at least this (the max)
-    seed: int = 0
-    full: bool = False                     # rs only: fine-tune every weight, reload in place
-
-
-class LoopState:
-    """The run's durable record: its config and each completed phase's result."""
-
-    def __init__(self, path: Path, data: dict):
-        self.path, self.data = path, data
-
-    @classmethod
-    def open(cls, home: Path, run_id: str | None, lc: LoopConfig | None) -> "LoopState":
-        root = home / "loops"
-        if run_id is None:  # a new run
-            run_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-s{lc.seed}"
-            state = cls(root / run_id / "state.json", {"run_id": run_id, "config": asdict(lc), "phases": {}})
-            state.save()
-            return state
-        if run_id == "last":
-            runs = sorted(root.glob("*/state.json"), key=lambda p: p.stat().st_mtime)
-            if not runs:
-                raise FileNotFoundError(f"no loop run under {root} to resume")
-            run_id = runs[-1].parent.name
-        path = root / run_id / "state.json"
-        if not path.exists():
-            raise FileNotFoundError(f"no loop run {run_id!r} under {root}")
-        return cls(path, json.loads(path.read_text()))
-
-    @property
-    def run_id(self) -> str:
-        return self.data["run_id"]
-
-    @property
-    def config(self) -> LoopConfig:
-        return LoopConfig(**self.data["config"])
-
-    def done(self, phase: str) -> dict | None:
-        return self.data["phases"].get(phase)
-
-    def record(self, phase: str, result: dict) -> None:
-        self.data["phases"][phase] = result
-        self.save()
-
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2))
-        os.replace(tmp, self.path)
 
 
 def _wait_rewarded(store, env_id: str, n: int, timeout_s: float = 30.0) -> int:

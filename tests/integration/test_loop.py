@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.loop import Loop, LoopConfig, LoopState, run_loop
+from deploy.loop import Loop, run_loop
+from deploy.loop_state import LoopConfig, LoopState
 from tests.integration.conftest import LOCAL_STACK
 from traces.store import TraceStore
 

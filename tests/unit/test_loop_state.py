@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.cli import app
-from deploy.loop import LoopConfig, LoopState
+from deploy.loop_state import LoopConfig, LoopState
 
 
 def test_a_run_keeps_its_config_and_completed_phases_across_reopening(tmp_path):
