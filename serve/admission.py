@@ -8,6 +8,11 @@ is full the request waits in a bounded queue, then gets a 429 with ``Retry-After
 Budgets work the same way on a team's ledger: admission reserves the request's worst-case cost
 (prompt upper bound + ``max_tokens``, in tokens and in money at the model's prices) and the
 completion settles it at the real usage, so concurrent requests can never spend past the limit.
+
+Batch lines (the Batch API) are a lower priority class: they never wait in the queue (a full
+deployment sends them back to the batch scheduler to try later), are refused while an
+interactive request waits for that deployment, hold at most ``batch.share`` of its request
+slots (a second ledger), and cost ``batch_discount`` less.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ class Admitted:
     budget: Reservation | None
     prompt_tokens: int = 0       # the worst cases the reservations were made for
     completion_tokens: int = 0
+    batch_lease: Reservation | None = None
+    discount: float = 0.0        # off the price: a batch line's
 
     @property
     def reserved(self) -> bool:
@@ -70,31 +77,65 @@ class Admission:
         self.config = config
         a = config.admission
         self.leases = Ledger(state, "fw:lease", a.lease_ttl_s)
+        self.batch_leases = Ledger(state, "fw:batch-lease", a.lease_ttl_s)
         self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s, persist=config.spend_file)
         self._waiting: dict[str, int] = {}
 
     def look(self) -> None:
         """Refresh what each ledger last saw of the shared state (see :meth:`Ledger.look`)."""
         self.leases.look()
+        self.batch_leases.look()
         self.budgets.look()
 
-    async def admit(self, deployment: str, team: str, model: str, body: dict) -> Admitted:
+    async def admit(self, deployment: str, team: str, model: str, body: dict, batch: bool = False) -> Admitted:
         prompt, completion = worst_case_tokens(body)
-        budget = self._reserve_budget(team, model, prompt, completion)
+        price = self.config.prices.get(model)
+        discount = price.batch_discount if (batch and price) else 0.0
+        budget = self._reserve_budget(team, model, prompt, completion, discount)
+        batch_lease = lease = None
         try:
-            lease = await self._lease(deployment, prompt + completion)
+            if batch:
+                batch_lease = self._batch_lease(deployment, prompt + completion)
+                lease = self._lease_now(deployment, prompt + completion)
+                if lease is None and self.config.capacity.get(deployment) is not None:
+                    raise self._full(deployment, "no free slot for a batch line")
+            else:
+                lease = await self._lease(deployment, prompt + completion)
         except BaseException:
-            if budget is not None:
-                self.budgets.settle(budget)
+            for res, ledger in ((budget, self.budgets), (batch_lease, self.batch_leases)):
+                if res is not None:
+                    ledger.settle(res)
             raise
-        return Admitted(lease, budget, prompt, completion)
+        return Admitted(lease, budget, prompt, completion, batch_lease, discount)
 
-    def _reserve_budget(self, team: str, model: str, prompt: int, completion: int) -> Reservation | None:
+    def _batch_lease(self, deployment: str, tokens: int) -> Reservation | None:
+        """A batch line's slot in the batch share; none while an interactive request waits."""
+        cap = self.config.capacity.get(deployment)
+        if cap is None:
+            return None
+        if self._waiting.get(deployment, 0):
+            raise self._full(deployment, "interactive requests are waiting")
+        share = max(1, int(cap.max_requests * self.config.batch.share))
+        res = self.batch_leases.reserve(deployment, "bl-" + uuid.uuid4().hex, tokens, 0, (share, NO_LIMIT, NO_LIMIT))
+        if res is None:
+            raise self._full(deployment, f"batch lines hold their share ({share} slots)")
+        return res
+
+    def _lease_now(self, deployment: str, tokens: int) -> Reservation | None:
+        cap = self.config.capacity.get(deployment)
+        if cap is None:
+            return None
+        return self.leases.reserve(deployment, "l-" + uuid.uuid4().hex, tokens, 0,
+                                   (cap.max_requests, cap.max_tokens, NO_LIMIT))
+
+    def _reserve_budget(self, team: str, model: str, prompt: int, completion: int,
+                        discount: float = 0.0) -> Reservation | None:
         limit = self.config.budgets.get(team)
         if limit is None:
             return None
         price = self.config.prices.get(model)  # the worst case: no prompt token cached (unless cheaper)
         cost_micro = max(_micro_usd(prompt, completion, price), _micro_usd(prompt, completion, price, prompt))
+        cost_micro = math.ceil(cost_micro * (1 - discount))
         cost_usd = cost_micro / 1e6
         res = self.budgets.reserve(team, "b-" + uuid.uuid4().hex, prompt + completion, cost_micro,
                                    (NO_LIMIT, limit.tokens if limit.tokens is not None else NO_LIMIT,
@@ -106,13 +147,8 @@ class Admission:
         return res
 
     async def _lease(self, deployment: str, tokens: int) -> Reservation | None:
-        cap = self.config.capacity.get(deployment)
-        if cap is None:
-            return None
-        limits = (cap.max_requests, cap.max_tokens, NO_LIMIT)
-        rid = "l-" + uuid.uuid4().hex
-        res = self.leases.reserve(deployment, rid, tokens, 0, limits)
-        if res is not None:
+        res = self._lease_now(deployment, tokens)
+        if res is not None or self.config.capacity.get(deployment) is None:
             return res
         a = self.config.admission
         if self._waiting.get(deployment, 0) >= a.queue_limit:
@@ -124,7 +160,7 @@ class Admission:
             delay = 0.01
             while loop.time() < deadline:
                 await asyncio.sleep(delay)
-                res = self.leases.reserve(deployment, rid, tokens, 0, limits)
+                res = self._lease_now(deployment, tokens)
                 if res is not None:
                     return res
                 delay = min(delay * 2, 0.2)
@@ -139,7 +175,8 @@ class Admission:
         return err
 
     def renew(self, admitted: Admitted) -> None:
-        for res, ledger in ((admitted.lease, self.leases), (admitted.budget, self.budgets)):
+        for res, ledger in ((admitted.lease, self.leases), (admitted.budget, self.budgets),
+                            (admitted.batch_lease, self.batch_leases)):
             if res is not None:
                 ledger.renew(res)
 
@@ -148,10 +185,12 @@ class Admission:
         usage was reported (a stream cut short) is charged its reserved prompt and the
         ``produced`` completion tokens; one that produced nothing, nothing. Idempotent: a second
         call (an error path after the request was settled) changes nothing."""
-        lease, res = admitted.lease, admitted.budget
-        admitted.lease = admitted.budget = None
+        lease, res, batch_lease = admitted.lease, admitted.budget, admitted.batch_lease
+        admitted.lease = admitted.budget = admitted.batch_lease = None
         if lease is not None:
             self.leases.settle(lease)
+        if batch_lease is not None:
+            self.batch_leases.settle(batch_lease)
         if res is None:
             return
         cached = 0
@@ -162,7 +201,8 @@ class Admission:
             tin, tout = admitted.prompt_tokens, produced
         else:
             tin = tout = 0
-        self.budgets.settle(res, tin + tout, _micro_usd(tin, tout, self.config.prices.get(model), cached))
+        cost = _micro_usd(tin, tout, self.config.prices.get(model), cached)
+        self.budgets.settle(res, tin + tout, math.ceil(cost * (1 - admitted.discount)))
 
     def usage(self, team: str) -> dict:
         t = self.budgets.totals(team)

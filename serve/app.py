@@ -22,6 +22,8 @@ from serve import engine_admin, feedback_api, trace_query, weights
 from serve.admission import Admission
 from serve.affinity import Affinity
 from serve.auth import Caller, authenticate, require_admin
+from serve.batch import api as batch_api
+from serve.batch.runner import BatchRunner
 from serve.body_limit import BodyLimit
 from serve.breaker import STATE_CODES, Breakers
 from serve.capture import RequestContext, new_trace_id
@@ -36,6 +38,7 @@ from serve.openapi import json_body
 from serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
                             generate_response)
 from serve.shared_state import SharedState
+from traces.batch_store import BatchStore, FileStore
 from traces.writer import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     breakers = Breakers(state, config.breaker)
     metrics = Metrics()
     forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics)
+    files, batches = FileStore(config.traces_dir), BatchStore(config.traces_dir)
+    batch_runner = BatchRunner(config, batches, files, forwarder)
 
     def caller_of(request: Request) -> Caller:
         return authenticate(request, config, keys)
@@ -67,7 +72,9 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         app.state.http = forwarder.http = httpx.AsyncClient(
             timeout=httpx.Timeout(config.upstream_timeout_s, connect=5), limits=limits)
         follower = asyncio.create_task(_follow_routes(routes, state, admission, config.routes_poll_s)) if config.redis_url else None
+        scheduler = asyncio.create_task(batch_runner.run())
         yield
+        scheduler.cancel()
         if follower is not None:
             follower.cancel()
         await app.state.http.aclose()
@@ -80,6 +87,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     install_openapi(app)
     app.include_router(trace_query.router(config.traces_dir, caller_of, config.query_timeout_s))
     app.include_router(feedback_api.router(config.traces_dir, caller_of))
+    app.include_router(batch_api.router(config, files, batches, batch_runner, caller_of))
     app.include_router(engine_admin.router(config, routes, lambda r: require_admin(r, config)))
     app.include_router(weights.router(config, routes, lambda r: require_admin(r, config)))
 

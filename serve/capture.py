@@ -46,6 +46,8 @@ class RequestContext:
     env_id: str | None = None
     example_id: str | None = None
     rollout_id: str | None = None
+    batch_id: str | None = None      # a Batch API line: its batch and custom_id
+    custom_id: str | None = None
     received: datetime = field(default_factory=_now)
 
 
@@ -177,6 +179,7 @@ class Capture:
                 (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
             "http_status": http_status, "error": error,
             "env_id": c.env_id, "example_id": c.example_id, "rollout_id": c.rollout_id,
+            "batch_id": c.batch_id, "custom_id": c.custom_id,
         }
 
 

@@ -81,9 +81,25 @@ class Price(StrictModel):
     cached_input_per_mtok: float | None = Field(
         None, ge=0, description="prompt tokens served from the prefix cache; None: the input price")
 
+    batch_discount: float = Field(0.0, ge=0, le=1, description="fraction taken off what batch lines "
+                                  "cost (0.5: half price), in budgets and /v1/usage")
+
     @property
     def cached(self) -> float:
         return self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
+
+
+class BatchConfig(StrictModel):
+    """The Batch API (serve/batch/): limits on an input file, and how lines are scheduled."""
+    max_lines: int = Field(50_000, ge=1, description="lines in one batch input file")
+    max_file_bytes: int = Field(200 << 20, ge=1, description="size of one uploaded file")
+    concurrency: int = Field(16, ge=1, description="batch lines in flight on this replica")
+    share: float = Field(0.5, gt=0, le=1, description="of a deployment's capacity.max_requests, the most "
+                         "batch lines may hold; they never queue for a slot an interactive request waits for")
+    chunk_lines: int = Field(64, ge=1, description="lines a replica leases at once")
+    lease_ttl_s: float = Field(30.0, gt=0, description="a dead replica's leased lines are taken over after this")
+    poll_s: float = Field(0.2, gt=0, description="how often the scheduler looks for work and cancels")
+    retry_s: float = Field(0.25, gt=0, description="wait before a line that found no free capacity tries again")
 
 
 class GatewayConfig(StrictModel):
@@ -114,6 +130,7 @@ class GatewayConfig(StrictModel):
     spend_file: str | None = Field(None, description="without Redis: where this replica keeps each "
                                                      "team's spend across restarts")
     prices: dict[str, Price] = Field(default_factory=dict, description="model alias -> price per 1M tokens")
+    batch: BatchConfig = BatchConfig()
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = 1.0

@@ -109,7 +109,8 @@ class Forwarder:
                 continue
             t_wait = time.monotonic()
             try:
-                admitted = await self.admission.admit(dep_name, ctx.team, ctx.alias, body)
+                admitted = await self.admission.admit(dep_name, ctx.team, ctx.alias, body,
+                                                      batch=ctx.batch_id is not None)
             except APIError as err:
                 if err.code == "capacity_exceeded":  # full: the next deployment may have room
                     last_error = err
@@ -136,6 +137,8 @@ class Forwarder:
                 self.admission.release(admitted, ctx.alias, None)
                 raise
             return result, headers
+        if ctx.batch_id is not None and last_error.code == "capacity_exceeded":
+            raise last_error  # not an answer: the batch scheduler runs the line again later
         await self.durable(capture.record(last_error.status, last_error.message))
         self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
         raise last_error

@@ -13,7 +13,8 @@ of the same session plus the tokens that are new: the full prompt is
 no reference (``prompt_prefix_trace_id`` null) stores its whole prompt in
 ``prompt_new_token_ids``. ``traces.store`` reconstructs full prompts on read.
 
-Versions: 1 stored the whole prompt in ``prompt_token_ids``. 2 adds the prefix reference. The
+Versions: 1 stored the whole prompt in ``prompt_token_ids``. 2 adds the prefix reference. 3 adds
+``batch_id`` and ``custom_id`` (a line of the Batch API). The
 store reads every version through one view (missing columns read as null), so old files stay
 readable; bump ``SCHEMA_VERSION`` whenever a column is added, renamed or changes meaning.
 """
@@ -25,7 +26,7 @@ import struct
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _ts = pa.timestamp("us", tz="UTC")
 
@@ -72,6 +73,8 @@ TRACE_SCHEMA = pa.schema([
     ("env_id", pa.string()),
     ("example_id", pa.string()),
     ("rollout_id", pa.string()),
+    ("batch_id", pa.string()),                      # the Batch API batch this line belongs to
+    ("custom_id", pa.string()),                     # the line's own id in that batch
 ], metadata={"flywheel.schema_version": str(SCHEMA_VERSION)})
 
 # What a producer (the gateway) hands over: the stored fields, except that it gives the whole

@@ -3,6 +3,7 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow.parquet as pq
 
+from traces.schema import SCHEMA_VERSION
 from traces.housekeeping import JOURNAL, compact, doctor, partitions, recover, retain
 from traces.store import TraceStore
 from traces.writer import TraceWriter
@@ -28,7 +29,7 @@ def test_compaction_merges_small_files_without_losing_or_duplicating_rows(tmp_pa
     report = compact(tmp_path)
     assert report == {"partitions": 1, "files_in": 6, "files_out": 1, "rows": 30}
     [out] = list(part.glob("*.parquet"))
-    assert pq.read_metadata(out).metadata[b"flywheel.schema_version"] == b"2"
+    assert pq.read_metadata(out).metadata[b"flywheel.schema_version"] == str(SCHEMA_VERSION).encode()
     store = TraceStore(tmp_path)
     assert store.sql("SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces").to_pylist() == \
         [{"n": 30, "d": 30}]
@@ -69,7 +70,7 @@ def test_doctor_reports_backlog_versions_and_unreadable_files(tmp_path):
     (part / "broken.parquet").write_bytes(b"not parquet at all")
     r = doctor(tmp_path)
     assert r["spool"]["busy"]["records"] == 1
-    assert r["schema_versions"] == {"2": 2} and r["rows"] == 10
+    assert r["schema_versions"] == {str(SCHEMA_VERSION): 2} and r["rows"] == 10
     assert len(r["unreadable"]) == 1 and "broken.parquet" in r["unreadable"][0]
     writer.close()
 

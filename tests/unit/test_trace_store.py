@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from traces.schema import TRACE_SCHEMA
+from traces.schema import SCHEMA_VERSION, TRACE_SCHEMA
 from traces.store import TraceStore
 from traces.writer import TraceWriter
 
@@ -33,7 +33,7 @@ def test_records_round_trip_exactly_through_parquet(tmp_path):
     rows = store.sql("SELECT trace_id, prompt_token_ids, completion_logprobs, schema_version, model "
                      "FROM traces_full ORDER BY trace_id").to_pylist()
     assert rows[3] == {"trace_id": "tr-3", "prompt_token_ids": [1, 2, 3],
-                       "completion_logprobs": [-0.5, -1.25], "schema_version": 2, "model": "tiny"}
+                       "completion_logprobs": [-0.5, -1.25], "schema_version": SCHEMA_VERSION, "model": "tiny"}
     by_team = store.sql("SELECT team, count(*) AS n FROM traces GROUP BY team ORDER BY team")
     assert by_team.to_pylist() == [{"team": "a", "n": 3}, {"team": "b", "n": 4}]
     writer.close()
@@ -80,5 +80,5 @@ def test_schema_v1_files_stay_readable_next_to_current_ones(tmp_path):
     writer.close()
     rows = TraceStore(tmp_path).sql(
         "SELECT trace_id, schema_version, prompt_token_ids FROM traces_full ORDER BY trace_id").to_pylist()
-    assert rows == [{"trace_id": "tr-1", "schema_version": 2, "prompt_token_ids": [1, 2, 1]},
+    assert rows == [{"trace_id": "tr-1", "schema_version": SCHEMA_VERSION, "prompt_token_ids": [1, 2, 1]},
                     {"trace_id": "tr-100", "schema_version": 1, "prompt_token_ids": [1, 2, 100]}]

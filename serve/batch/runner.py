@@ -1,0 +1,180 @@
+"""The batch scheduler: runs batch lines through the gateway's own request path, at low priority.
+
+Every replica runs one. It leases chunks of a batch's lines (``traces.batch_store``), runs each
+line through :class:`serve.forward.Forwarder` exactly as a client request (same admission,
+deployments, failover, metering, capture; the trace row carries ``batch_id`` and
+``custom_id``) and appends the answers, group-committed, to its results file. A line's trace id
+is ``tr-<batch>-<line>``: after a crash, a line whose trace is stored but whose result was not
+yet written is answered from its trace instead of being run again, so no line runs twice to
+completion and none is lost. A line that finds no free capacity (batch lines never queue, see
+:mod:`serve.admission`) waits ``retry_s`` and tries again. When every chunk is done, one replica
+writes the output and error files; a cancel stops new lines at once and ends the batch once the
+lines in flight are answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+from serve.batch.finish import ACTIVE, finalize, traced_lines
+from serve.batch.lines import ENDPOINTS, output_line
+from serve.capture import RequestContext
+from serve.config import GatewayConfig
+from serve.errors import APIError
+from serve.forward import Forwarder
+from traces.batch_store import BatchStore, FileStore
+
+log = logging.getLogger(__name__)
+
+
+class BatchRunner:
+    def __init__(self, config: GatewayConfig, store: BatchStore, files: FileStore, forwarder: Forwarder):
+        self.cfg, self.traces_dir = config.batch, config.traces_dir
+        self.store, self.files, self.forwarder = store, files, forwarder
+        self.owner = config.instance_name
+        self.slots = asyncio.Semaphore(self.cfg.concurrency)
+        self.cancelled: set[str] = set()
+        self.chunk_tasks: dict[tuple[str, int], asyncio.Task] = {}
+        self._lines: dict[str, list[dict]] = {}
+
+    def cancel(self, batch_id: str) -> None:
+        """Stop starting this batch's lines now (the store's status tells other replicas)."""
+        self.cancelled.add(batch_id)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._tick()
+            except Exception:  # one bad pass must not end the scheduler
+                log.exception("batch scheduler pass failed")
+            await asyncio.sleep(self.cfg.poll_s)
+
+    async def _tick(self) -> None:
+        self.chunk_tasks = {k: t for k, t in self.chunk_tasks.items() if not t.done()}
+        for batch in await asyncio.to_thread(self.store.list):
+            if batch["status"] not in ACTIVE:
+                self._lines.pop(batch["id"], None)
+                continue
+            if batch["status"] == "in_progress" and time.time() >= batch["expires_at"]:
+                await asyncio.to_thread(self._expire, batch)
+            if batch["status"] != "in_progress" or batch["id"] in self.cancelled:
+                self.cancelled.add(batch["id"])
+                if not self._running(batch["id"]):
+                    await asyncio.to_thread(finalize, self.store, self.files, batch["id"], self.cfg.lease_ttl_s)
+                continue
+            await self._lease_more(batch)
+            if not self._running(batch["id"]) and await asyncio.to_thread(self.store.chunks_left, batch["id"]) == 0:
+                await asyncio.to_thread(finalize, self.store, self.files, batch["id"], self.cfg.lease_ttl_s)
+
+    def _running(self, batch_id: str) -> bool:
+        return any(b == batch_id and not t.done() for (b, _), t in self.chunk_tasks.items())
+
+    async def _lease_more(self, batch: dict) -> None:
+        # lease only what this replica can start soon, so other replicas find work too
+        want = math.ceil(self.cfg.concurrency / self.cfg.chunk_lines) + 1 - len(self.chunk_tasks)
+        if want <= 0:
+            return
+        chunks, taken_over = await asyncio.to_thread(self.store.claim, batch["id"], self.owner, want,
+                                                     self.cfg.lease_ttl_s)
+        for chunk in chunks:
+            task = asyncio.create_task(self._run_chunk(batch, chunk, chunk in taken_over))
+            self.chunk_tasks[(batch["id"], chunk)] = task
+
+    async def _run_chunk(self, batch: dict, chunk: int, taken_over: bool) -> None:
+        bid, size = batch["id"], self.cfg.chunk_lines
+        done_all = False
+        renewer = asyncio.create_task(self._renew(bid, chunk))
+        try:
+            if bid not in self._lines:
+                self._lines[bid] = await asyncio.to_thread(self.store.lines, bid)
+            lines = self._lines[bid][chunk * size:(chunk + 1) * size]
+            answered = await asyncio.to_thread(self.store.results, bid)
+            todo = [line for line in lines if line["n"] not in answered]
+            if taken_over and todo:  # the last owner died: what it stored as traces is answered
+                recovered = await asyncio.to_thread(traced_lines, self.traces_dir, bid, batch["endpoint"],
+                                                    [line["n"] for line in todo])
+                if recovered:
+                    await asyncio.to_thread(self.store.append_results, bid, self.owner, recovered)
+                    got = {r["n"] for r in recovered}
+                    todo = [line for line in todo if line["n"] not in got]
+            pending: list[dict] = []  # answered, not yet in the results file
+            tasks = []
+            for line in todo:
+                await self.slots.acquire()
+                if bid in self.cancelled:
+                    self.slots.release()
+                    break
+                tasks.append(asyncio.create_task(self._run_line(batch, line, pending)))
+            answered = sum(await asyncio.gather(*tasks))
+            if pending:
+                await asyncio.to_thread(self.store.append_results, bid, self.owner, pending)
+            done_all = answered == len(todo)
+        except Exception:
+            log.exception("batch %s chunk %d failed; it is handed back", bid, chunk)
+        finally:
+            renewer.cancel()
+            await asyncio.to_thread(self.store.release, bid, self.owner, [chunk], done_all)
+
+    async def _run_line(self, batch: dict, line: dict, pending: list[dict]) -> bool:
+        """Whether the line was answered (not cancelled before it started)."""
+        try:
+            result = await self._answer(batch, line)
+            if result is None:
+                return False
+            pending.append(result)
+            if len(pending) >= 16:  # group commit; a crash before it loses nothing (traced_lines)
+                flushed = pending[:]
+                pending.clear()
+                await asyncio.to_thread(self.store.append_results, batch["id"], self.owner, flushed)
+            return True
+        finally:
+            self.slots.release()
+
+    async def _answer(self, batch: dict, line: dict) -> dict | None:
+        """The line's result, or None if it was cancelled before it started."""
+        bid, n = batch["id"], line["n"]
+        operation, _ = ENDPOINTS[batch["endpoint"]]
+        body = dict(line["body"])
+        while bid not in self.cancelled:
+            ctx = self._context(batch, line, operation, body)
+            try:
+                data, _ = await self.forwarder.forward(operation, body, ctx)
+                return {"n": n, "ok": True, "usage": data.get("usage"),
+                        "line": output_line(line["custom_id"], 200, data, request_id=ctx.trace_id)}
+            except APIError as err:
+                if err.code == "capacity_exceeded":
+                    await asyncio.sleep(self.cfg.retry_s)
+                    continue
+                return {"n": n, "ok": False, "line": output_line(
+                    line["custom_id"], err.status, err.body(), {"code": err.code or err.type, "message": err.message},
+                    request_id=ctx.trace_id)}
+            except Exception as exc:  # a bug on our side: the line fails, the batch goes on
+                log.exception("batch %s line %d", bid, n)
+                return {"n": n, "ok": False, "line": output_line(
+                    line["custom_id"], 500, None, {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"})}
+        return None
+
+    def _context(self, batch: dict, line: dict, operation: str, body: dict) -> RequestContext:
+        route = self.forwarder.routes.get(body["model"])
+        return RequestContext(
+            trace_id=f"tr-{batch['id']}-{line['n']}", operation=operation, body=body, alias=body["model"],
+            upstream_model=route.upstream_model if route else None,
+            checkpoint_version=route.checkpoint_version if route else None,
+            deployment=route.deployment if route else None, team=batch["team"],
+            api_key_id=batch.get("_api_key_id"), batch_id=batch["id"], custom_id=line["custom_id"])
+
+    async def _renew(self, batch_id: str, chunk: int) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.lease_ttl_s / 3)
+            await asyncio.to_thread(self.store.renew, batch_id, self.owner, [chunk], self.cfg.lease_ttl_s)
+
+    def _expire(self, batch: dict) -> None:
+        def change(b: dict) -> bool:
+            if b["status"] != "in_progress":
+                return False
+            b.update(status="cancelling", _expired=True, cancelling_at=int(time.time()))
+            return True
+        batch.update(self.store.update(batch["id"], change))

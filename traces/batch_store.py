@@ -1,0 +1,221 @@
+"""Durable state of the Batch API, kept beside the traces: uploaded files, batches, their
+results, and which replica runs which lines.
+
+Everything is plain files under ``<traces>/_batches/`` (the store's views read only
+``date=*/``), so a batch outlives any gateway process and every replica on the host sees it:
+
+- ``files/<id>.json`` and ``files/<id>.data``: a file's metadata (its team included) and bytes;
+- ``batches/<id>/batch.json``: the batch object and its team;
+- ``batches/<id>/lines.jsonl``: the input lines that passed validation, written once;
+- ``batches/<id>/results-<owner>.jsonl``: each owner's answered lines, appended and fsync'd;
+  a line is done once its result is here (a torn last line, from a crash, is ignored);
+- ``batches/<id>/claims.json``: chunk of lines -> owner and lease expiry, or ``"done"``.
+
+Whole files are replaced by write-tmp, fsync, rename, fsync-directory; read-modify-write of a
+batch or its claims holds an exclusive ``flock`` on the batch's ``.lock``, so replicas never
+lease one chunk twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+from traces.spool import fsync_path
+
+BATCH_DIR = "_batches"
+DONE = "done"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """Intact lines only: a crash can leave a torn last line, which nobody was told was stored."""
+    out = []
+    for raw in path.read_bytes().split(b"\n"):
+        if raw.strip():
+            try:
+                out.append(json.loads(raw))
+            except json.JSONDecodeError:
+                break
+    return out
+
+
+def new_id(prefix: str) -> str:
+    """OpenAI's id styles: ``file-…``, ``batch_…``, ``batch_req_…``."""
+    return prefix + secrets.token_hex(12)
+
+
+class FileStore:
+    """Uploaded files and the files batches produce; each belongs to one team."""
+
+    def __init__(self, traces_dir: str | Path):
+        self.dir = Path(traces_dir) / BATCH_DIR / "files"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def put(self, team: str, filename: str, purpose: str, data: bytes) -> dict:
+        meta = {"id": new_id("file-"), "object": "file", "bytes": len(data), "created_at": int(time.time()),
+                "filename": filename, "purpose": purpose, "status": "processed", "team": team}
+        _write_atomic(self.dir / f"{meta['id']}.data", data)
+        _write_atomic(self.dir / f"{meta['id']}.json", json.dumps(meta).encode())
+        return meta
+
+    def get(self, file_id: str) -> dict | None:
+        path = self.dir / f"{file_id}.json"
+        if "/" in file_id or not path.is_file():
+            return None
+        return json.loads(path.read_text())
+
+    def content(self, file_id: str) -> bytes:
+        return (self.dir / f"{file_id}.data").read_bytes()
+
+    def list(self) -> list[dict]:
+        metas = [json.loads(p.read_text()) for p in self.dir.glob("*.json")]
+        return sorted(metas, key=lambda m: (m["created_at"], m["id"]), reverse=True)
+
+    def delete(self, file_id: str) -> None:
+        (self.dir / f"{file_id}.json").unlink(missing_ok=True)  # metadata first: then it is gone
+        (self.dir / f"{file_id}.data").unlink(missing_ok=True)
+        fsync_path(self.dir)
+
+
+class BatchStore:
+    def __init__(self, traces_dir: str | Path):
+        self.dir = Path(traces_dir) / BATCH_DIR / "batches"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, batch_id: str) -> Path:
+        return self.dir / batch_id
+
+    # -- batches ------------------------------------------------------------------------------
+
+    def create(self, batch: dict, lines: list[dict], rejected: list[dict]) -> None:
+        """A new batch: its validated lines, and the lines refused at validation as results
+        already (they count as failed and go to the error file)."""
+        d = self._path(batch["id"])
+        d.mkdir()
+        _write_atomic(d / "lines.jsonl", b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+        if rejected:
+            self.append_results(batch["id"], "validation", rejected)
+        _write_atomic(d / "batch.json", json.dumps(batch).encode())  # last: the batch exists now
+
+    def get(self, batch_id: str) -> dict | None:
+        path = self._path(batch_id) / "batch.json"
+        if "/" in batch_id or not path.is_file():
+            return None
+        return json.loads(path.read_text())
+
+    def list(self) -> list[dict]:
+        batches = [json.loads(p.read_text()) for p in self.dir.glob("*/batch.json")]
+        return sorted(batches, key=lambda b: (b["created_at"], b["id"]), reverse=True)
+
+    def update(self, batch_id: str, change: Callable[[dict], bool]) -> dict:
+        """Apply ``change`` to the batch under its lock; it returns whether to write."""
+        with self._locked(batch_id):
+            batch = self.get(batch_id)
+            if change(batch):
+                _write_atomic(self._path(batch_id) / "batch.json", json.dumps(batch).encode())
+            return batch
+
+    def lines(self, batch_id: str) -> list[dict]:
+        return _read_jsonl(self._path(batch_id) / "lines.jsonl")
+
+    # -- results ------------------------------------------------------------------------------
+
+    def append_results(self, batch_id: str, owner: str, results: list[dict]) -> None:
+        """Durable on return. Each result carries ``n`` (its input line) and ``ok``."""
+        with open(self._path(batch_id) / f"results-{owner}.jsonl", "ab") as f:
+            f.write(b"".join(json.dumps(r).encode() + b"\n" for r in results))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def results(self, batch_id: str) -> dict[int, dict]:
+        """Input line -> its result, over every owner's file (the first answer of a line wins)."""
+        out: dict[int, dict] = {}
+        for path in sorted(self._path(batch_id).glob("results-*.jsonl")):
+            for r in _read_jsonl(path):
+                out.setdefault(r["n"], r)
+        return out
+
+    # -- leases on chunks of lines ------------------------------------------------------------
+
+    def claim(self, batch_id: str, owner: str, n_chunks: int, ttl_s: float) -> tuple[list[int], list[int]]:
+        """Lease up to ``n_chunks`` chunks no live owner holds. Returns (chunks leased, those
+        among them that a lapsed owner held: their lines may have run, so check before running)."""
+        with self._locked(batch_id):
+            claims = self._claims(batch_id)
+            now, got, taken_over = time.time(), [], []
+            for chunk, c in enumerate(claims["chunks"]):
+                if len(got) >= n_chunks:
+                    break
+                if c == DONE or (c is not None and c["owner"] != owner and c["expires"] > now):
+                    continue
+                if c is not None and c["owner"] != owner:
+                    taken_over.append(chunk)
+                claims["chunks"][chunk] = {"owner": owner, "expires": now + ttl_s}
+                got.append(chunk)
+            if got:
+                self._save_claims(batch_id, claims)
+            return got, taken_over
+
+    def renew(self, batch_id: str, owner: str, chunks: list[int], ttl_s: float) -> None:
+        self._set_claims(batch_id, owner, chunks, lambda: {"owner": owner, "expires": time.time() + ttl_s})
+
+    def release(self, batch_id: str, owner: str, chunks: list[int], done: bool) -> None:
+        """Done: every line of the chunk has its result. Otherwise hand the chunk back."""
+        self._set_claims(batch_id, owner, chunks, lambda: DONE if done else None)
+
+    def live_leases(self, batch_id: str) -> int:
+        with self._locked(batch_id):
+            now = time.time()
+            return sum(1 for c in self._claims(batch_id)["chunks"] if isinstance(c, dict) and c["expires"] > now)
+
+    def chunks_left(self, batch_id: str) -> int:
+        with self._locked(batch_id):
+            return sum(1 for c in self._claims(batch_id)["chunks"] if c != DONE)
+
+    def _set_claims(self, batch_id: str, owner: str, chunks: list[int], value: Callable[[], object]) -> None:
+        with self._locked(batch_id):
+            claims = self._claims(batch_id)
+            for chunk in chunks:
+                c = claims["chunks"][chunk]
+                if isinstance(c, dict) and c["owner"] == owner:  # a chunk taken over is not ours now
+                    claims["chunks"][chunk] = value()
+            self._save_claims(batch_id, claims)
+
+    def _claims(self, batch_id: str) -> dict:
+        path = self._path(batch_id) / "claims.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        batch = self.get(batch_id)
+        return {"chunks": [None] * batch["_chunks"]}
+
+    def _save_claims(self, batch_id: str, claims: dict) -> None:
+        # not fsync'd: a lost lease only means a chunk is looked at again, and results decide
+        path = self._path(batch_id) / "claims.json"
+        tmp = path.with_name(f".claims.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(claims))
+        os.replace(tmp, path)
+
+    @contextmanager
+    def _locked(self, batch_id: str):
+        with open(self._path(batch_id) / ".lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
