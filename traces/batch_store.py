@@ -60,6 +60,10 @@ def new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
+def _instance(owner: str) -> str:
+    return owner.split("/", 1)[0]
+
+
 class FileStore:
     """Uploaded files and the files batches produce; each belongs to one team."""
 
@@ -138,7 +142,7 @@ class BatchStore:
 
     def append_results(self, batch_id: str, owner: str, results: list[dict]) -> None:
         """Durable on return. Each result carries ``n`` (its input line) and ``ok``."""
-        with open(self._path(batch_id) / f"results-{owner}.jsonl", "ab") as f:
+        with open(self._path(batch_id) / f"results-{owner.replace('/', '.')}.jsonl", "ab") as f:
             f.write(b"".join(json.dumps(r).encode() + b"\n" for r in results))
             f.flush()
             os.fsync(f.fileno())
@@ -162,7 +166,12 @@ class BatchStore:
             for chunk, c in enumerate(claims["chunks"]):
                 if len(got) >= n_chunks:
                     break
-                if c == DONE or (c is not None and c["owner"] != owner and c["expires"] > now):
+                # a live lease is skipped, ours too (its chunk is running), except one of our own
+                # instance's earlier lifetime: an owner is "instance/lifetime", and an instance
+                # runs once at a time, so that one died
+                live = isinstance(c, dict) and c["expires"] > now and (
+                    c["owner"] == owner or _instance(c["owner"]) != _instance(owner))
+                if c == DONE or live:
                     continue
                 if c is not None and c["owner"] != owner:
                     taken_over.append(chunk)

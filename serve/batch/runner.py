@@ -26,6 +26,7 @@ from serve.config import GatewayConfig
 from serve.errors import APIError
 from serve.forward import Forwarder
 from traces.batch_store import BatchStore, FileStore
+from traces.spool import new_lifetime
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class BatchRunner:
     def __init__(self, config: GatewayConfig, store: BatchStore, files: FileStore, forwarder: Forwarder):
         self.cfg, self.traces_dir = config.batch, config.traces_dir
         self.store, self.files, self.forwarder = store, files, forwarder
-        self.owner = config.instance_name
+        self.owner = f"{config.instance_name}/{new_lifetime()}"
         self.slots = asyncio.Semaphore(self.cfg.concurrency)
         self.cancelled: set[str] = set()
         self.chunk_tasks: dict[tuple[str, int], asyncio.Task] = {}
