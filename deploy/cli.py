@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from deploy.cli_admin import ckpt_app, keys_app, traces_app
+from deploy.cli_batch import batch_app
 from deploy.cli_common import ProfileOpt, SetOpt, _config, console
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -20,6 +21,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(keys_app, name="keys")
 app.add_typer(traces_app, name="traces")
 app.add_typer(ckpt_app, name="checkpoint")
+app.add_typer(batch_app, name="batch")
 
 
 @app.command()
