@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import secrets
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,9 +45,13 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
+    return _read_jsonl_bytes(path.read_bytes())
+
+
+def _read_jsonl_bytes(data: bytes) -> list[dict]:
     """Intact lines only: a crash can leave a torn last line, which nobody was told was stored."""
     out = []
-    for raw in path.read_bytes().split(b"\n"):
+    for raw in data.split(b"\n"):
         if raw.strip():
             try:
                 out.append(json.loads(raw))
@@ -101,6 +106,8 @@ class BatchStore:
     def __init__(self, traces_dir: str | Path):
         self.dir = Path(traces_dir) / BATCH_DIR / "batches"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._seen: dict[str, dict[str, tuple[int, dict]]] = {}  # batch -> results file -> (read to, results)
+        self._results_lock = threading.Lock()
 
     def _path(self, batch_id: str) -> Path:
         return self.dir / batch_id
@@ -148,11 +155,31 @@ class BatchStore:
             os.fsync(f.fileno())
 
     def results(self, batch_id: str) -> dict[int, dict]:
-        """Input line -> its result, over every owner's file (the first answer of a line wins)."""
-        out: dict[int, dict] = {}
+        """Input line -> its result, over every owner's file (the first answer of a line wins).
+        Files only grow, so each call reads just the bytes appended since the last one."""
+        with self._results_lock:
+            return self._results(batch_id)
+
+    def forget(self, batch_id: str) -> None:
+        """Drop the cached results of a batch that has ended."""
+        with self._results_lock:
+            self._seen.pop(batch_id, None)
+
+    def _results(self, batch_id: str) -> dict[int, dict]:
+        seen = self._seen.setdefault(batch_id, {})
         for path in sorted(self._path(batch_id).glob("results-*.jsonl")):
-            for r in _read_jsonl(path):
-                out.setdefault(r["n"], r)
+            offset, got = seen.get(path.name, (0, {}))
+            with open(path, "rb") as f:
+                f.seek(offset)
+                tail = f.read()
+            whole = tail[:tail.rfind(b"\n") + 1]  # a line still being written waits for the next call
+            for r in _read_jsonl_bytes(whole):
+                got.setdefault(r["n"], r)
+            seen[path.name] = (offset + len(whole), got)
+        out: dict[int, dict] = {}
+        for name in sorted(seen):
+            for n, r in seen[name][1].items():
+                out.setdefault(n, r)
         return out
 
     # -- leases on chunks of lines ------------------------------------------------------------

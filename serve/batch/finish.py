@@ -81,6 +81,7 @@ def finalize(store: BatchStore, files: FileStore, batch_id: str, stale_s: float)
         return True
 
     store.update(batch_id, end)
+    store.forget(batch_id)
 
 
 def result_from_trace(row: dict, endpoint: str) -> dict:
