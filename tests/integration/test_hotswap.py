@@ -69,7 +69,10 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
     err_new = max(abs(a - b) for a, b in zip(served, new))
     err_old = max(abs(a - b) for a, b in zip(served, old))
     print(f"\nmax |served - HF(new)| = {err_new:.4f}, max |served - HF(base)| = {err_old:.4f}")
-    assert err_new < 0.1 and err_old > 5 * err_new
+    # bf16 engine against the fp32 reference: under 0.1 until 2026-11, 0.19 with the packages a
+    # fresh install resolves on 2026-12-01 (the code of 794f052 measures the same 0.1936); the
+    # base is 3.1 away, so the adapter is what is served
+    assert err_new < 0.3 and err_old > 10 * err_new
 
     # Rolling back moves the alias to the base model the same way.
     assert swap.rollback("tiny") == BASE
