@@ -92,8 +92,8 @@ class BatchRunner:
             if bid not in self._lines:
                 self._lines[bid] = await asyncio.to_thread(self.store.lines, bid)
             lines = self._lines[bid][chunk * size:(chunk + 1) * size]
-            answered = await asyncio.to_thread(self.store.results, bid)
-            todo = [line for line in lines if line["n"] not in answered]
+            stored = await asyncio.to_thread(self.store.results, bid)
+            todo = [line for line in lines if line["n"] not in stored]
             if taken_over and todo:  # the last owner died: what it stored as traces is answered
                 recovered = await asyncio.to_thread(traced_lines, self.traces_dir, bid, batch["endpoint"],
                                                     [line["n"] for line in todo])
@@ -109,10 +109,10 @@ class BatchRunner:
                     self.slots.release()
                     break
                 tasks.append(asyncio.create_task(self._run_line(batch, line, pending)))
-            answered = sum(await asyncio.gather(*tasks))
+            n_answered = sum(await asyncio.gather(*tasks))
             if pending:
                 await asyncio.to_thread(self.store.append_results, bid, self.owner, pending)
-            done_all = answered == len(todo)
+            done_all = n_answered == len(todo)
         except Exception:
             log.exception("batch %s chunk %d failed; it is handed back", bid, chunk)
         finally:
