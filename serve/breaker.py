@@ -11,6 +11,7 @@ own breaker and behaves the same way on what it sees.
 from __future__ import annotations
 
 import threading
+from collections import deque
 import time
 import uuid
 
@@ -26,20 +27,24 @@ local window, min_n, rate = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'half_open' then
   if ARGV[1] == '1' then
-    redis.call('HSET', KEYS[1], 'state', 'closed'); redis.call('DEL', KEYS[2])
+    redis.call('HSET', KEYS[1], 'state', 'closed'); redis.call('DEL', KEYS[2], KEYS[3])
   else
     redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now)
   end
   return redis.call('HGET', KEYS[1], 'state')
 end
-redis.call('ZADD', KEYS[2], now, ARGV[5] .. ':' .. ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
-redis.call('EXPIRE', KEYS[2], math.ceil(window) + 1)
+-- every outcome in KEYS[2], the errors also in KEYS[3]: counting is two ZCARDs, not a scan
+-- of the window (thousands of members at a few hundred requests a second)
+for i = 2, (ARGV[1] == '1') and 2 or 3 do
+  redis.call('ZADD', KEYS[i], now, ARGV[5])
+end
+for i = 2, 3 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - window)
+  redis.call('EXPIRE', KEYS[i], math.ceil(window) + 1)
+end
 if state == 'closed' then
-  local events = redis.call('ZRANGE', KEYS[2], 0, -1)
-  local errors = 0
-  for _, e in ipairs(events) do if string.sub(e, -2) == ':0' then errors = errors + 1 end end
-  if #events >= min_n and errors / #events >= rate then
+  local n, errors = redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3])
+  if n >= min_n and errors / n >= rate then
     redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now)
     return 'open'
   end
@@ -73,14 +78,17 @@ class Breakers:
         self._lock = threading.Lock()
 
     def _keys(self, dep: str) -> list[str]:
-        return [f"fw:breaker:{dep}", f"fw:breaker:{dep}:events"]
+        return [f"fw:breaker:{dep}", f"fw:breaker:{dep}:events", f"fw:breaker:{dep}:errors"]
+
+    def _local_breaker(self, dep: str) -> dict:
+        return self._local.setdefault(dep, {"state": CLOSED, "events": deque(), "errors": 0})
 
     def allow(self, dep: str) -> bool:
         shared = self.state.run("allow", _ALLOW, self._keys(dep), [self.cfg.open_s, self.cfg.probe_timeout_s])
         if shared is not LOCAL:
             return bool(shared)
         with self._lock:
-            b = self._local.setdefault(dep, {"state": CLOSED, "events": []})
+            b = self._local_breaker(dep)
             now = time.monotonic()
             if b["state"] == CLOSED:
                 return True
@@ -102,15 +110,18 @@ class Breakers:
         if shared is not LOCAL:
             return shared
         with self._lock:
-            b = self._local.setdefault(dep, {"state": CLOSED, "events": []})
+            b = self._local_breaker(dep)
             now = time.monotonic()
             if b["state"] == HALF_OPEN:
-                b.update(state=CLOSED, events=[]) if ok else b.update(state=OPEN, opened_at=now)
+                b.update(state=CLOSED, events=deque(), errors=0) if ok else b.update(state=OPEN, opened_at=now)
                 return b["state"]
-            b["events"] = [e for e in b["events"] if e[0] > now - self.cfg.window_s] + [(now, ok)]
-            errors = sum(1 for _, good in b["events"] if not good)
-            if b["state"] == CLOSED and len(b["events"]) >= self.cfg.min_requests \
-                    and errors / len(b["events"]) >= self.cfg.error_rate:
+            events = b["events"]  # (time, ok), oldest first: the window is trimmed from the left
+            events.append((now, ok))
+            b["errors"] += not ok
+            while events[0][0] <= now - self.cfg.window_s:
+                b["errors"] -= not events.popleft()[1]
+            if b["state"] == CLOSED and len(events) >= self.cfg.min_requests \
+                    and b["errors"] / len(events) >= self.cfg.error_rate:
                 b.update(state=OPEN, opened_at=now)
             return b["state"]
 

@@ -99,6 +99,30 @@ def test_breaker_opens_on_errors_and_a_probe_closes_it(state):
     assert br.state_of("d1") == "closed" and br.allow("d1")
 
 
+def test_errors_older_than_the_window_no_longer_count(state):
+    br = Breakers(state, BreakerConfig(window_s=0.3, min_requests=3, error_rate=0.5, open_s=5))
+    assert br.allow("d1")  # a deployment's first request asks before any outcome is recorded
+    br.record("d1", False)
+    br.record("d1", False)
+    time.sleep(0.35)  # both errors leave the window
+    for ok in (True, True, False):
+        br.record("d1", ok)
+    assert br.state_of("d1") == "closed"  # 1 error in 3, not 3 in 5
+    br.record("d1", False)
+    assert br.state_of("d1") == "open"  # 2 in 4
+
+
+def test_a_batch_line_pays_the_batch_discount(state):
+    cfg = config(prices={"tiny": Price(input_per_mtok=1e6, output_per_mtok=1e6, batch_discount=0.5)},
+                 budgets={"red": Budget(usd=1e9)})
+    adm = Admission(cfg, state)
+    usage = {"prompt_tokens": 10, "completion_tokens": 20}
+    adm.release(asyncio.run(adm.admit("d1", "red", "tiny", BODY)), "tiny", usage)
+    assert adm.usage("red")["spent_usd"] == pytest.approx(30)  # $1 a token
+    adm.release(asyncio.run(adm.admit("d1", "red", "tiny", BODY, batch=True)), "tiny", usage)
+    assert adm.usage("red")["spent_usd"] == pytest.approx(30 + 15)  # the same usage at half price
+
+
 def test_a_session_sticks_to_one_deployment_until_it_is_unhealthy(state):
     aff = Affinity(state)
     deps = ["d1", "d2", "d3"]
