@@ -91,7 +91,7 @@ class Admission:
         prompt, completion = worst_case_tokens(body)
         price = self.config.prices.get(model)
         discount = price.batch_discount if (batch and price) else 0.0
-        budget = self._reserve_budget(team, model, prompt, completion, discount)
+        budget = self._reserve_budget(team, price, prompt, completion, discount)
         batch_lease = lease = None
         try:
             if batch:
@@ -128,12 +128,12 @@ class Admission:
         return self.leases.reserve(deployment, "l-" + uuid.uuid4().hex, tokens, 0,
                                    (cap.max_requests, cap.max_tokens, NO_LIMIT))
 
-    def _reserve_budget(self, team: str, model: str, prompt: int, completion: int,
+    def _reserve_budget(self, team: str, price: Price | None, prompt: int, completion: int,
                         discount: float = 0.0) -> Reservation | None:
         limit = self.config.budgets.get(team)
         if limit is None:
             return None
-        price = self.config.prices.get(model)  # the worst case: no prompt token cached (unless cheaper)
+        # the worst case: no prompt token cached (unless cheaper)
         cost_micro = max(_micro_usd(prompt, completion, price), _micro_usd(prompt, completion, price, prompt))
         cost_micro = math.ceil(cost_micro * (1 - discount))
         cost_usd = cost_micro / 1e6

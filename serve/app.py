@@ -248,12 +248,9 @@ async def _json_body(request: Request) -> Any:
 
 def _context(request: Request, operation: str, body: dict, caller: Caller) -> RequestContext:
     h = request.headers
-    route = request.app.state.routes.get(body["model"])
-    return RequestContext(
-        trace_id=new_trace_id(), operation=operation, body=body, alias=body["model"],
-        upstream_model=route.upstream_model if route else None,
-        checkpoint_version=route.checkpoint_version if route else None,
-        deployment=route.deployment if route else None, team=caller.team, api_key_id=caller.key_id,
+    return RequestContext.for_route(
+        request.app.state.routes.get(body["model"]), new_trace_id(), operation, body,
+        team=caller.team, api_key_id=caller.key_id,
         session_id=h.get("x-session-id"), parent_trace_id=h.get("x-parent-trace-id"),
         env_id=h.get("x-env-id"), example_id=h.get("x-example-id"),
         # an environment's session is its rollout (verifiers sends one X-Session-ID per rollout)

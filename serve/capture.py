@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from serve.config import ModelRoute
+
 
 def new_trace_id() -> str:
     return "tr-" + uuid.uuid4().hex
@@ -49,6 +51,16 @@ class RequestContext:
     batch_id: str | None = None      # a Batch API line: its batch and custom_id
     custom_id: str | None = None
     received: datetime = field(default_factory=_now)
+
+    @classmethod
+    def for_route(cls, route: ModelRoute | None, trace_id: str, operation: str, body: dict,
+                  **who: str | None) -> RequestContext:
+        """A context for ``body``, with what its model's route says (``route`` is the routing
+        table's entry, or None for an unknown model: forwarding then answers 404)."""
+        return cls(trace_id=trace_id, operation=operation, body=body, alias=body["model"],
+                   upstream_model=route.upstream_model if route else None,
+                   checkpoint_version=route.checkpoint_version if route else None,
+                   deployment=route.deployment if route else None, **who)
 
 
 class Capture:

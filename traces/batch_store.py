@@ -9,7 +9,9 @@ Everything is plain files under ``<traces>/_batches/`` (the store's views read o
 - ``batches/<id>/lines.jsonl``: the input lines that passed validation, written once;
 - ``batches/<id>/results-<owner>.jsonl``: each owner's answered lines, appended and fsync'd;
   a line is done once its result is here (a torn last line, from a crash, is ignored);
-- ``batches/<id>/claims.json``: chunk of lines -> owner and lease expiry, or ``"done"``.
+- ``batches/<id>/claims.json``: chunk of lines -> owner and lease expiry, or ``"done"``;
+- ``active/<id>``: an empty marker per batch that may still have work, so the schedulers'
+  frequent look for work reads the batches that can have some, not the whole history.
 
 Whole files are replaced by write-tmp, fsync, rename, fsync-directory; read-modify-write of a
 batch or its claims holds an exclusive ``flock`` on the batch's ``.lock``, so replicas never
@@ -22,6 +24,7 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -32,6 +35,8 @@ from traces.spool import fsync_path
 
 BATCH_DIR = "_batches"
 DONE = "done"
+ACTIVE = ("in_progress", "finalizing", "cancelling")  # statuses with work left: listed in active/
+_ORPHAN_S = 60.0  # a marker whose batch.json never appeared (a crash inside create) is dropped after this
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -106,11 +111,27 @@ class BatchStore:
     def __init__(self, traces_dir: str | Path):
         self.dir = Path(traces_dir) / BATCH_DIR / "batches"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.active_dir = self.dir.parent / "active"
+        if not self.active_dir.is_dir():
+            self._build_active_index()
         self._seen: dict[str, dict[str, tuple[int, dict]]] = {}  # batch -> results file -> (read to, results)
         self._results_lock = threading.Lock()
 
     def _path(self, batch_id: str) -> Path:
         return self.dir / batch_id
+
+    def _build_active_index(self) -> None:
+        """Markers for a store written before the index existed; built aside and renamed into
+        place, so a crash halfway leaves no partial index behind."""
+        tmp = self.active_dir.with_name(f".active.{os.getpid()}.tmp")
+        tmp.mkdir(exist_ok=True)
+        for batch in self.list():
+            if batch["status"] in ACTIVE:
+                (tmp / batch["id"]).touch()
+        try:
+            os.rename(tmp, self.active_dir)
+        except OSError:  # another replica built it first
+            shutil.rmtree(tmp, ignore_errors=True)
 
     # -- batches ------------------------------------------------------------------------------
 
@@ -119,6 +140,7 @@ class BatchStore:
         already (they count as failed and go to the error file)."""
         d = self._path(batch["id"])
         d.mkdir()
+        (self.active_dir / batch["id"]).touch()  # before batch.json: no batch exists unlisted
         _write_atomic(d / "lines.jsonl", b"".join(json.dumps(line).encode() + b"\n" for line in lines))
         if rejected:
             self.append_results(batch["id"], "validation", rejected)
@@ -133,6 +155,22 @@ class BatchStore:
     def list(self) -> list[dict]:
         batches = [json.loads(p.read_text()) for p in self.dir.glob("*/batch.json")]
         return sorted(batches, key=lambda b: (b["created_at"], b["id"]), reverse=True)
+
+    def active(self) -> list[dict]:
+        """The batches that may still have work (oldest first); markers of ended batches are
+        dropped here, so the index heals itself whoever ended the batch."""
+        out, now = [], time.time()
+        for marker in self.active_dir.iterdir():
+            batch = self.get(marker.name)
+            if batch is None:
+                stale = now - marker.stat().st_mtime > _ORPHAN_S
+            else:
+                stale = batch["status"] not in ACTIVE
+                if not stale:
+                    out.append(batch)
+            if stale:
+                marker.unlink(missing_ok=True)
+        return sorted(out, key=lambda b: (b["created_at"], b["id"]))
 
     def update(self, batch_id: str, change: Callable[[dict], bool]) -> dict:
         """Apply ``change`` to the batch under its lock; it returns whether to write."""

@@ -11,10 +11,8 @@ import json
 import time
 
 from serve.batch.lines import output_line
-from traces.batch_store import BatchStore, FileStore
+from traces.batch_store import ACTIVE, BatchStore, FileStore
 from traces.store import TraceStore
-
-ACTIVE = ("in_progress", "finalizing", "cancelling")
 
 
 def counts(store: BatchStore, batch: dict) -> tuple[dict, dict]:

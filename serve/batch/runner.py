@@ -19,7 +19,7 @@ import logging
 import math
 import time
 
-from serve.batch.finish import ACTIVE, finalize, traced_lines
+from serve.batch.finish import finalize, traced_lines
 from serve.batch.lines import ENDPOINTS, output_line
 from serve.capture import RequestContext
 from serve.config import GatewayConfig
@@ -55,10 +55,9 @@ class BatchRunner:
 
     async def _tick(self) -> None:
         self.chunk_tasks = {k: t for k, t in self.chunk_tasks.items() if not t.done()}
-        for batch in await asyncio.to_thread(self.store.list):
-            if batch["status"] not in ACTIVE:
-                self._lines.pop(batch["id"], None)
-                continue
+        active = await asyncio.to_thread(self.store.active)
+        self._lines = {bid: lines for bid, lines in self._lines.items() if any(b["id"] == bid for b in active)}
+        for batch in active:
             if batch["status"] == "in_progress" and time.time() >= batch["expires_at"]:
                 await asyncio.to_thread(self._expire, batch)
             if batch["status"] != "in_progress" or batch["id"] in self.cancelled:
@@ -159,13 +158,10 @@ class BatchRunner:
         return None
 
     def _context(self, batch: dict, line: dict, operation: str, body: dict) -> RequestContext:
-        route = self.forwarder.routes.get(body["model"])
-        return RequestContext(
-            trace_id=f"tr-{batch['id']}-{line['n']}", operation=operation, body=body, alias=body["model"],
-            upstream_model=route.upstream_model if route else None,
-            checkpoint_version=route.checkpoint_version if route else None,
-            deployment=route.deployment if route else None, team=batch["team"],
-            api_key_id=batch.get("_api_key_id"), batch_id=batch["id"], custom_id=line["custom_id"])
+        return RequestContext.for_route(
+            self.forwarder.routes.get(body["model"]), f"tr-{batch['id']}-{line['n']}", operation, body,
+            team=batch["team"], api_key_id=batch.get("_api_key_id"), batch_id=batch["id"],
+            custom_id=line["custom_id"])
 
     async def _renew(self, batch_id: str, chunk: int) -> None:
         while True:

@@ -68,3 +68,26 @@ def test_every_bad_line_is_refused_with_its_reason_and_the_rest_run():
         raise AssertionError("a file over max_lines was taken")
     except ValueError as exc:
         assert "max_lines" in str(exc)
+
+
+def test_the_scheduler_reads_only_batches_with_work_left_and_the_index_heals(tmp_path):
+    import os
+    import shutil
+    store = BatchStore(tmp_path)
+    for bid, created in (("batch_old", 1), ("batch_new", 2)):
+        store.create({"id": bid, "created_at": created, "status": "in_progress", "_chunks": 1}, [], [])
+    assert [b["id"] for b in store.active()] == ["batch_old", "batch_new"]  # oldest first
+    store.update("batch_old", lambda b: b.update(status="completed") or True)
+    assert [b["id"] for b in store.active()] == ["batch_new"]
+    assert sorted(p.name for p in store.active_dir.iterdir()) == ["batch_new"]  # the ended one's marker is gone
+    assert {b["id"] for b in store.list()} == {"batch_old", "batch_new"}  # the history stays listed
+
+    orphan = store.active_dir / "batch_crashed_in_create"  # a marker whose batch.json never came
+    orphan.touch()
+    assert [b["id"] for b in store.active()] == ["batch_new"] and orphan.exists()  # young: may still come
+    os.utime(orphan, (1, 1))
+    store.active()
+    assert not orphan.exists()
+
+    shutil.rmtree(store.active_dir)  # a store written before the index: built once, from the batches
+    assert [b["id"] for b in BatchStore(tmp_path).active()] == ["batch_new"]
