@@ -38,6 +38,7 @@ from serve.openapi import json_body
 from serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
                             generate_response)
 from serve.shared_state import SharedState
+from serve.upstream_http import upstream_client
 from traces.batch_store import BatchStore, FileStore
 from traces.writer import TraceWriter
 
@@ -69,8 +70,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-        app.state.http = forwarder.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.upstream_timeout_s, connect=5), limits=limits)
+        app.state.http = forwarder.http = upstream_client(httpx.Timeout(config.upstream_timeout_s, connect=5), limits)
         follower = asyncio.create_task(_follow_routes(routes, state, admission, config.routes_poll_s)) if config.redis_url else None
         scheduler = asyncio.create_task(batch_runner.run())
         yield

@@ -51,6 +51,7 @@ class RequestContext:
     batch_id: str | None = None      # a Batch API line: its batch and custom_id
     custom_id: str | None = None
     received: datetime = field(default_factory=_now)
+    received_mono: float = field(default_factory=time.monotonic)  # the same moment, for durations
 
     @classmethod
     def for_route(cls, route: ModelRoute | None, trace_id: str, operation: str, body: dict,
@@ -67,6 +68,7 @@ class Capture:
     def __init__(self, ctx: RequestContext):
         self.ctx = ctx
         self.admitted: datetime | None = None
+        self.sent_mono: float | None = None  # when the request went to the deployment that answered
         self.first_token: datetime | None = None
         self._first_token_mono: float | None = None
         self._last_token_mono: float | None = None
@@ -83,6 +85,13 @@ class Capture:
 
     def mark_admitted(self) -> None:
         self.admitted = _now()
+
+    def first_token_times(self) -> tuple[float, float] | None:
+        """(time to first token, of it the gateway's part before sending) in seconds; None
+        before a first token."""
+        if self._first_token_mono is None or self.sent_mono is None:
+            return None
+        return self._first_token_mono - self.ctx.received_mono, self.sent_mono - self.ctx.received_mono
 
     # -- reading the engine's output ----------------------------------------------------------
 

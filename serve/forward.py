@@ -158,7 +158,7 @@ class Forwarder:
         dep = self.config.deployment(dep_name)
         url = dep.url + ENDPOINTS[operation]
         stream = bool(body.get("stream"))
-        t0 = time.monotonic()
+        t0 = capture.sent_mono = time.monotonic()
         try:
             upstream = await asyncio.wait_for(
                 self.http.send(self.http.build_request("POST", url, json=rewrite.upstream_body,
@@ -202,6 +202,7 @@ class Forwarder:
             await upstream.aclose()
         self.breakers.record(dep_name, True)
         capture.on_response(data)
+        self._first_token_metrics(dep_name, capture)
         try:
             if tool_req is not None and data.get("choices"):
                 msg = transform_message(tool_req, data["choices"][0])["message"]
@@ -241,7 +242,12 @@ class Forwarder:
                     error = None
                     yield "data: [DONE]\n\n"
                     break
-                obj = json.loads(data)
+                try:
+                    obj = json.loads(data)
+                except json.JSONDecodeError as exc:  # the deployment's fault, not the client's leaving
+                    error = f"deployment {dep_name!r} sent a malformed stream event ({exc}): {data[:200]!r}"
+                    yield error_event(error)
+                    break
                 if event == "error" or "error" in obj:
                     error = json.dumps(obj.get("error", obj))
                     yield f"data: {json.dumps({'error': obj.get('error', obj)})}\n\n"
@@ -272,10 +278,15 @@ class Forwarder:
                 self.writer.submit(capture.record(200, error))
             self.admission.release(admitted, ctx.alias, capture.usage or None,
                                    produced=len(capture.completion_ids))
+            self._first_token_metrics(dep_name, capture)
             if error is None:
                 self.metrics.served(ctx.alias, ctx.team, capture.usage)
             else:
                 self.metrics.stream_errors.labels(ctx.alias).inc()
+
+    def _first_token_metrics(self, dep_name: str, capture: Capture) -> None:
+        if (times := capture.first_token_times()) is not None:
+            self.metrics.first_token(dep_name, *times)
 
     async def _renew(self, admitted: Admitted) -> None:
         interval = self.config.admission.lease_ttl_s / 3

@@ -89,7 +89,8 @@ async def main_async(args) -> dict:
     report["interactive_with_batch"] = await probes(args.url, args.probe_rate, args.probe_s)
     still = await asyncio.to_thread(sdk.batches.retrieve, background.id)
     report["batch_running_during_probes"] = still.status == "in_progress"
-    await asyncio.to_thread(sdk.batches.cancel, background.id)
+    if still.status == "in_progress":
+        await asyncio.to_thread(sdk.batches.cancel, background.id)
     a, b = report["interactive_alone"]["ttft_p50_ms"], report["interactive_with_batch"]["ttft_p50_ms"]
     report["interactive_ttft_p50_ratio"] = round(b / a, 3) if a else None
     return report
