@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from envs import wordops
+from feedback.train import pad_batch
 
 THROWAWAY_SHARE = 0.2
 
@@ -53,21 +54,6 @@ def _example(tok, eos: int, rng: random.Random) -> tuple[list[int], list[int]]:
     return list(prompt), tok(answer, add_special_tokens=False)["input_ids"] + [eos]
 
 
-def _batch(tok, eos: int, rng: random.Random, n: int):
-    import torch
-
-    pairs = [_example(tok, eos, rng) for _ in range(n)]
-    width = max(len(p) + len(c) for p, c in pairs)
-    ids = torch.full((n, width), eos, dtype=torch.long)
-    labels = torch.full((n, width), -100, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, (p, c) in enumerate(pairs):
-        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
-        mask[i, :len(p) + len(c)] = 1
-    return ids, mask, labels
-
-
 def warm_up(base_model: str | Path, out_dir: str | Path, recipe: WarmupRecipe = WarmupRecipe(),
             progress: Callable[[int, int, float], None] | None = None) -> Path:
     """Fine-tune ``base_model`` on the word-list family into ``out_dir`` (skipped when
@@ -93,7 +79,9 @@ def warm_up(base_model: str | Path, out_dir: str | Path, recipe: WarmupRecipe = 
     model.train()
     loss = float("nan")
     for step in range(recipe.steps):
-        ids, mask, labels = _batch(tok, eos, rng, recipe.batch_size)
+        pairs = [_example(tok, eos, rng) for _ in range(recipe.batch_size)]
+        ids, mask, labels = pad_batch([{"prompt_token_ids": p, "completion_token_ids": c} for p, c in pairs],
+                                      eos, max(len(p) + len(c) for p, c in pairs))
         out_loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         out_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

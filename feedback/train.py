@@ -28,7 +28,9 @@ class TrainConfig:
     max_len: int = 1024
 
 
-def _batch(rows: Sequence[dict], pad_id: int, max_len: int):
+def pad_batch(rows: Sequence[dict], pad_id: int, max_len: int):
+    """(input ids, attention mask, labels) for prompt+completion rows: the prompt's labels
+    are -100, so only the completion is learned; right-padded with ``pad_id``."""
     import torch
 
     seqs, labels = [], []
@@ -58,7 +60,7 @@ def _fit(model, rows: Sequence[dict], pad_id: int, cfg: TrainConfig,
     model.train()
     losses = []
     for step in range(cfg.steps):
-        input_ids, mask, labels = _batch(rng.sample(rows, min(cfg.batch_size, len(rows))),
+        input_ids, mask, labels = pad_batch(rng.sample(rows, min(cfg.batch_size, len(rows))),
                                          pad_id, cfg.max_len)
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         loss.backward()
