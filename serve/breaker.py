@@ -11,9 +11,9 @@ own breaker and behaves the same way on what it sees.
 from __future__ import annotations
 
 import threading
-from collections import deque
 import time
 import uuid
+from collections import deque
 
 from serve.config import BreakerConfig
 from serve.shared_state import LOCAL, SharedState

@@ -21,11 +21,12 @@ class Metrics:
                                           buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30), registry=r)
         first = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
         self.ttft = Histogram("flywheel_ttft_seconds", "time to first token as the gateway relays it, "
-                              "from the request's arrival (a unary response: its whole body)",
+                              "from the request having been read and checked (a unary response: its "
+                              "whole body)",
                               ["deployment"], buckets=first, registry=r)
         self.added = Histogram("flywheel_added_latency_seconds", "of the time to first token, what the "
-                               "gateway spent before the request went upstream (checks, admission and "
-                               "its queue, grammar)", ["deployment"], buckets=first, registry=r)
+                               "gateway spent before the request went upstream (admission and its "
+                               "queue, context checks, grammar)", ["deployment"], buckets=first, registry=r)
         self.leases = Gauge("flywheel_leases_held", "leases held on a deployment (all replicas)",
                             ["deployment"], registry=r)
         self.breaker = Gauge("flywheel_breaker_state", "0 closed, 1 half-open, 2 open", ["deployment"], registry=r)

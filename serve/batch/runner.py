@@ -56,7 +56,8 @@ class BatchRunner:
     async def _tick(self) -> None:
         self.chunk_tasks = {k: t for k, t in self.chunk_tasks.items() if not t.done()}
         active = await asyncio.to_thread(self.store.active)
-        self._lines = {bid: lines for bid, lines in self._lines.items() if any(b["id"] == bid for b in active)}
+        ids = {b["id"] for b in active}
+        self._lines = {bid: lines for bid, lines in self._lines.items() if bid in ids}
         for batch in active:
             if batch["status"] == "in_progress" and time.time() >= batch["expires_at"]:
                 await asyncio.to_thread(self._expire, batch)
