@@ -23,7 +23,12 @@ _QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only; elsewhere nothi
 class _QuickAckStream(httpcore.AsyncNetworkStream):
     def __init__(self, inner: httpcore.AsyncNetworkStream):
         self._inner = inner
-        self._sock = inner.get_extra_info("socket") if _QUICKACK is not None else None
+        self._sock = None
+        if _QUICKACK is not None:
+            try:
+                self._sock = inner.get_extra_info("socket")
+            except (AttributeError, OSError):  # reset right after connect (anyio then fails on its
+                pass                           # peer name): the first read or write says so
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         data = await self._inner.read(max_bytes, timeout)

@@ -33,3 +33,22 @@ def test_a_stream_written_in_small_pieces_arrives_whole_through_the_quick_ack_cl
             server.close()
 
     assert asyncio.run(main()) == ["data: one", "data: two", "data: [DONE]"]
+
+
+def test_a_connection_reset_right_after_connect_is_the_transports_error_not_ours():
+    import httpcore
+    import pytest
+
+    from serve.upstream_http import _QuickAckStream
+
+    class ResetAfterConnect(httpcore.AsyncNetworkStream):
+        """What anyio's stream does once the peer reset it: its extras fail, its reads raise."""
+        def get_extra_info(self, info):
+            raise AttributeError("'NoneType' object has no attribute 'getpeername'")
+
+        async def read(self, max_bytes, timeout=None):
+            raise httpcore.ReadError("connection reset by peer")
+
+    stream = _QuickAckStream(ResetAfterConnect())  # no AttributeError here (it was a 500)
+    with pytest.raises(httpcore.ReadError):  # httpx maps it, and the gateway fails over
+        asyncio.run(stream.read(1024))
