@@ -163,7 +163,10 @@ class BatchStore:
         for marker in self.active_dir.iterdir():
             batch = self.get(marker.name)
             if batch is None:
-                stale = now - marker.stat().st_mtime > _ORPHAN_S
+                try:
+                    stale = now - marker.stat().st_mtime > _ORPHAN_S
+                except FileNotFoundError:  # another replica dropped it just now
+                    continue
             else:
                 stale = batch["status"] not in ACTIVE
                 if not stale:
