@@ -218,6 +218,10 @@ class StackConfig(StrictModel):
             gw.routes_file = str(self.home_path / "routes.json")
         if gw.spend_file is None:
             gw.spend_file = str(self.home_path / "spend.json")
+        if gw.checkpoints_file is None:
+            gw.checkpoints_file = str(self.home_path / "checkpoints.json")
+        if gw.ui.secret_file is None:  # replicas of one stack share logins
+            gw.ui.secret_file = str(self.run_dir / "ui-secret")
         if not gw.deployments:  # both slots: the gateway can route to either (aliases choose)
             gw.deployments = [Deployment(
                 name=c.deployment_name, url=c.frontend_url, max_model_len=c.worker.max_model_len,

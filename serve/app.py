@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from serve import engine_admin, feedback_api, trace_query, weights
+from serve import engine_admin, feedback_api, trace_query, ui, weights
 from serve.admission import Admission
 from serve.affinity import Affinity
 from serve.auth import Caller, authenticate, require_admin
@@ -90,6 +90,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     app.include_router(batch_api.router(config, files, batches, batch_runner, caller_of))
     app.include_router(engine_admin.router(config, routes, lambda r: require_admin(r, config)))
     app.include_router(weights.router(config, routes, lambda r: require_admin(r, config)))
+    if config.ui.enabled:
+        ui.install(app, config, keys)
 
     @app.get("/health")
     async def health():

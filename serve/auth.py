@@ -43,15 +43,23 @@ def require_admin(request: Request, config: GatewayConfig) -> None:
         raise _invalid_key("a valid admin key is required")
 
 
-def authenticate(request: Request, config: GatewayConfig, keys: KeyStore | None) -> Caller:
-    key = bearer(request)
+def caller_for_key(key: str | None, config: GatewayConfig, keys: KeyStore | None) -> Caller | None:
+    """The admin or the team ``key`` belongs to; None for no key or an unknown one."""
     if is_admin_key(key, config):
         return Caller(team="admin", key_id="admin", admin=True)
     record = keys.lookup(key) if (key and keys) else None
-    if record is not None:
-        if record.revoked:
-            raise _invalid_key(f"The API key {record.id} has been revoked.")
-        return Caller(team=record.team, key_id=record.id)
+    if record is None:
+        return None
+    if record.revoked:
+        raise _invalid_key(f"The API key {record.id} has been revoked.")
+    return Caller(team=record.team, key_id=record.id)
+
+
+def authenticate(request: Request, config: GatewayConfig, keys: KeyStore | None) -> Caller:
+    key = bearer(request)
+    caller = caller_for_key(key, config, keys)
+    if caller is not None:
+        return caller
     if config.require_api_key:
         raise _invalid_key("Incorrect API key provided." if key else
                            "You didn't provide an API key (Authorization: Bearer <key>).")

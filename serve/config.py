@@ -104,6 +104,17 @@ class BatchConfig(StrictModel):
     retry_s: float = Field(0.25, gt=0, description="wait before a line that found no free capacity tries again")
 
 
+class UIConfig(StrictModel):
+    """The trace browser at /ui (serve/ui/)."""
+    enabled: bool = True
+    session_ttl_s: float = Field(8 * 3600, gt=0, description="a login lasts this long")
+    secret_file: str | None = Field(None, description="signs session cookies (made on first use, mode "
+                                    "0600); replicas sharing it share logins. None: a new secret per "
+                                    "process, so a restart logs everyone out")
+    page_size: int = Field(50, ge=1, le=1000, description="traces per page")
+    sql_max_rows: int = Field(1000, ge=1, description="rows the SQL console shows (downloads: 1M)")
+
+
 class GatewayConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -133,6 +144,9 @@ class GatewayConfig(StrictModel):
                                                      "team's spend across restarts")
     prices: dict[str, Price] = Field(default_factory=dict, description="model alias -> price per 1M tokens")
     batch: BatchConfig = BatchConfig()
+    ui: UIConfig = UIConfig()
+    checkpoints_file: str | None = Field(None, description="the checkpoint registry the trace browser "
+                                         "shows lineage from (flywheel checkpoint ...)")
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = 1.0

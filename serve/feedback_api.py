@@ -39,6 +39,12 @@ class FeedbackBatch(BaseModel):
     feedback: list[FeedbackItem] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+def save_feedback(traces_dir: str, caller, items: list[FeedbackItem]) -> list[str]:
+    """Store feedback as ``caller``'s team (the API and the trace browser both come here)."""
+    return write_feedback(traces_dir, [{**i.model_dump(), "team": caller.team, "api_key_id": caller.key_id}
+                                       for i in items])
+
+
 def router(traces_dir: str, authenticate) -> APIRouter:
     api = APIRouter()
 
@@ -55,8 +61,7 @@ def router(traces_dir: str, authenticate) -> APIRouter:
                 items = [FeedbackItem.model_validate_json(raw)]
         except ValidationError as exc:
             raise invalid_request(exc.errors()) from None
-        rows = [{**i.model_dump(), "team": caller.team, "api_key_id": caller.key_id} for i in items]
-        ids = await run_in_threadpool(write_feedback, traces_dir, rows)
+        ids = await run_in_threadpool(save_feedback, traces_dir, caller, items)
         return {"object": "list", "data": [{"id": fid, "trace_id": i.trace_id}
                                            for fid, i in zip(ids, items)]}
 

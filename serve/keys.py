@@ -81,6 +81,13 @@ class KeyStore:
 
     def lookup(self, key: str) -> KeyRecord | None:
         """The key's record (revoked ones included), re-reading the file if it changed."""
+        return self._current().get(hash_key(key))
+
+    def by_id(self, key_id: str) -> KeyRecord | None:
+        """The record of a key id (a browser session holds the id, never the key)."""
+        return next((k for k in self._current().values() if k.id == key_id), None)
+
+    def _current(self) -> dict[str, KeyRecord]:
         try:
             mtime = self.path.stat().st_mtime
         except FileNotFoundError:
@@ -88,4 +95,4 @@ class KeyStore:
         if mtime != self._mtime:
             self._by_hash = {k.hash: k for k in self._load()}
             self._mtime = mtime
-        return self._by_hash.get(hash_key(key))
+        return self._by_hash

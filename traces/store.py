@@ -164,29 +164,29 @@ class TraceStore:
         self.con.execute("SET lock_configuration = true")
         self._locked = True
 
-    def relation(self, query: str) -> duckdb.DuckDBPyRelation:
+    def relation(self, query: str, params: list | None = None) -> duckdb.DuckDBPyRelation:
         if self.sandbox:
             check_select(self.con, query, allowed_tables=set(VIEWS))
-        return self.con.sql(query)
+        return self.con.sql(query, params=params)
 
-    def sql(self, query: str, limit: int | None = None) -> pa.Table:
+    def sql(self, query: str, limit: int | None = None, params: list | None = None) -> pa.Table:
         """Run a query over this store's snapshot (its last ``refresh``) and return an Arrow
         table (its first ``limit`` rows, if given). If housekeeping removed a file of the
         snapshot meanwhile (a compaction's inputs, an expired day), an unlocked store takes a
         new snapshot and runs the query once more; a sandboxed one raises :class:`SnapshotGone`
-        (open a new store)."""
+        (open a new store). ``params`` fill the query's ``$1``, ``$2``... placeholders."""
         try:
-            return self._fetch(query, limit)
+            return self._fetch(query, limit, params)
         except duckdb.IOException as exc:
             if not _file_gone(exc):
                 raise
             if getattr(self, "_locked", False):
                 raise SnapshotGone(str(exc)) from None
         self.refresh()
-        return self._fetch(query, limit)
+        return self._fetch(query, limit, params)
 
-    def _fetch(self, query: str, limit: int | None) -> pa.Table:
-        rel = self.relation(query)
+    def _fetch(self, query: str, limit: int | None, params: list | None) -> pa.Table:
+        rel = self.relation(query, params)
         if rel is None:
             return pa.table({})
         return (rel.limit(limit) if limit is not None else rel).to_arrow_table()

@@ -1,0 +1,148 @@
+"""The trace browser's wider views: checkpoint lineage and rewards, usage and cost per day, and
+a SQL console over the same team-scoped views as ``POST /v1/traces/query``."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import duckdb
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from serve.config import Price
+from serve.ui.charts import bars
+from serve.ui.web import Web
+from traces.guard import QueryRefused
+
+DOWNLOAD_MAX_ROWS = 1_000_000
+
+
+def router(web: Web) -> APIRouter:
+    api = APIRouter(include_in_schema=False)
+    config = web.config
+
+    @api.get("/ui/checkpoints")
+    async def checkpoints(request: Request):
+        session = web.session(request)
+        stats = await web.read(session, "by_checkpoint")
+        registered = _registry(config.checkpoints_file)
+        versions = {"base": {"version": "base", "kind": "base", "parent": None, "dataset": None,
+                             "turn": None, "env": None, "created": "", "path": ""}, **registered}
+        for v in stats:  # served under a version the registry does not know (another home, deleted)
+            versions.setdefault(v, {"version": v, "kind": "?", "parent": "base", "dataset": None,
+                                    "turn": None, "env": None, "created": "", "path": ""})
+        lineage = [{**versions[v], "depth": depth, "served": stats.get(v) or {}} for v, depth in _tree(versions)]
+        by_turn = sorted((c for c in versions.values() if c.get("turn") is not None), key=lambda c: c["turn"])
+        return web.page(
+            "checkpoints.html", session, lineage=lineage,
+            reward_chart=bars([(c["version"], c["served"].get("mean_reward")) for c in lineage]),
+            turn_chart=bars([(f"turn {c['turn']}", (stats.get(c["version"]) or {}).get("mean_reward"))
+                             for c in by_turn]))
+
+    @api.get("/ui/usage")
+    async def usage(request: Request):
+        session = web.session(request)
+        rows = await web.read(session, "usage")
+        for r in rows:
+            price = config.prices.get(r["model"]) or Price()
+            cached = r["cached_input_tokens"] or 0
+            r["cost_usd"] = (((r["input_tokens"] or 0) - cached) * price.input_per_mtok + cached * price.cached
+                             + (r["output_tokens"] or 0) * price.output_per_mtok) / 1e6
+        days: dict[str, float] = {}
+        for r in rows:
+            days[str(r["day"])] = days.get(str(r["day"]), 0) + (r["input_tokens"] or 0) + (r["output_tokens"] or 0)
+        return web.page("usage.html", session, rows=rows, chart=bars(list(days.items())))
+
+    @api.get("/ui/sql")
+    async def sql_form(request: Request):
+        session = web.session(request)
+        return web.page("sql.html", session, sql="SELECT * FROM traces ORDER BY time_received DESC LIMIT 20",
+                        result=None, error=None, truncated=False)
+
+    @api.post("/ui/sql")
+    async def sql_run(request: Request):
+        session = web.session(request)
+        form = await request.form()
+        sql = str(form.get("sql", "")).strip()
+        if not web.sessions.csrf_ok(session, form.get("csrf")):
+            return web.page("error.html", session, 403, title="Forbidden", message="The form has expired; reload the page.")
+        limit = config.ui.sql_max_rows
+        try:
+            table = await web.read(session, "table", sql, None, limit + 1)
+        except (QueryRefused, duckdb.Error) as exc:
+            return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
+        rows = [[_cell(v) for v in r.values()] for r in table.slice(0, limit).to_pylist()]
+        return web.page("sql.html", session, sql=sql, result={"columns": table.column_names, "rows": rows},
+                        error=None, truncated=table.num_rows > limit)
+
+    @api.get("/ui/sql/download")
+    async def sql_download(request: Request, sql: str = "", format: str = "csv"):
+        session = web.session(request)
+        if format not in ("csv", "parquet"):
+            return web.page("error.html", session, 400, title="Bad request", message="format is csv or parquet")
+        try:
+            table = await web.read(session, "table", sql, None, DOWNLOAD_MAX_ROWS)
+        except (QueryRefused, duckdb.Error) as exc:
+            return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
+        out = io.BytesIO()
+        if format == "csv":
+            pacsv.write_csv(_csv_ready(table), out)
+        else:
+            pq.write_table(table, out, compression="zstd")
+        return Response(out.getvalue(), media_type="text/csv" if format == "csv" else "application/vnd.apache.parquet",
+                        headers={"Content-Disposition": f'attachment; filename="traces-query.{format}"'})
+
+    return api
+
+
+def _registry(path: str | None) -> dict[str, dict]:
+    """The checkpoint registry's entries (``feedback.registry`` writes this file; the gateway
+    only reads it)."""
+    if not path or not Path(path).is_file():
+        return {}
+    return json.loads(Path(path).read_text()).get("checkpoints", {})
+
+
+def _tree(versions: dict[str, dict]) -> list[tuple[str, int]]:
+    """Versions in lineage order (each after its parent) with their depth below base."""
+    children: dict[str | None, list[str]] = {}
+    for v, c in versions.items():
+        if v != "base":
+            parent = c.get("parent") if c.get("parent") in versions else "base"
+            children.setdefault(parent, []).append(v)
+    out, stack = [], [("base", 0)]
+    while stack:
+        v, depth = stack.pop()
+        out.append((v, depth))
+        kids = sorted(children.get(v, []), key=lambda k: (versions[k].get("created") or "", k))
+        stack.extend((k, depth + 1) for k in reversed(kids))
+    return out
+
+
+def _reason(exc: Exception) -> str:
+    return f"query refused: {exc}" if isinstance(exc, QueryRefused) else f"query failed: {exc}"
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, (list, dict)):
+        text = json.dumps(value, default=str)
+        return text if len(text) <= 300 else text[:300] + "…"
+    return str(value)
+
+
+def _csv_ready(table):
+    """CSV has no lists: list columns are written as JSON text."""
+    import pyarrow as pa
+    cols = []
+    for name in table.column_names:
+        col = table.column(name)
+        if pa.types.is_list(col.type) or pa.types.is_struct(col.type) or pa.types.is_map(col.type):
+            col = pa.array([None if v is None else json.dumps(v, default=str) for v in col.to_pylist()], pa.string())
+        cols.append(col)
+    return pa.table(cols, names=table.column_names)
