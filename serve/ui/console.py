@@ -49,13 +49,17 @@ def router(web: Web) -> APIRouter:
         rows = await web.read(session, "usage")
         for r in rows:
             price = config.prices.get(r["model"]) or Price()
-            cached = r["cached_input_tokens"] or 0
-            r["cost_usd"] = (((r["input_tokens"] or 0) - cached) * price.input_per_mtok + cached * price.cached
-                             + (r["output_tokens"] or 0) * price.output_per_mtok) / 1e6
-        days: dict[str, float] = {}
+            cached = r["cached_input_tokens"]
+            r["cost_usd"] = ((r["input_tokens"] - cached) * price.input_per_mtok + cached * price.cached
+                             + r["output_tokens"] * price.output_per_mtok) / 1e6
+        tokens: dict[str, float] = {}
+        cost: dict[str, float] = {}
         for r in rows:
-            days[str(r["day"])] = days.get(str(r["day"]), 0) + (r["input_tokens"] or 0) + (r["output_tokens"] or 0)
-        return web.page("usage.html", session, rows=rows, chart=bars(list(days.items())))
+            day = str(r["day"])
+            tokens[day] = tokens.get(day, 0) + r["input_tokens"] + r["output_tokens"]
+            cost[day] = cost.get(day, 0.0) + r["cost_usd"]
+        return web.page("usage.html", session, rows=rows, tokens_chart=bars(list(tokens.items())),
+                        cost_chart=bars(list(cost.items())))
 
     @api.get("/ui/sql")
     async def sql_form(request: Request):

@@ -151,6 +151,8 @@ class Reader:
         return out
 
     def usage(self) -> list[dict]:
-        return self.rows("SELECT day, team, model, sum(requests) AS requests, sum(input_tokens) AS input_tokens, "
-                         "sum(output_tokens) AS output_tokens, sum(cached_input_tokens) AS cached_input_tokens "
+        return self.rows("SELECT day, team, model, sum(requests)::BIGINT AS requests, "
+                         "coalesce(sum(input_tokens), 0)::BIGINT AS input_tokens, "
+                         "coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens, "
+                         "coalesce(sum(cached_input_tokens), 0)::BIGINT AS cached_input_tokens "
                          "FROM usage_by_team GROUP BY ALL ORDER BY day, team, model")

@@ -1,0 +1,263 @@
+"""Trace browser benchmark: the /ui pages' queries over a store of synthetic traces.
+
+    .venv/bin/python -m deploy.bench.ui [--traces 1000000] [--dir /tmp/flywheel-ui-bench] [--repeats 15]
+
+The store is generated once, vectorised (numpy/pyarrow), in the writer's layout: one zstd
+Parquet file per 100k-trace chunk and ``date=/model=`` partition, rewards through
+``traces.feedback.write_feedback``. It is reused while its marker file says it holds
+``--traces`` traces. Shape: 7 days, 2 models, 3 teams, 20 checkpoints over the week, 5-turn
+sessions with prefix references, 3 % errors, 10 % tool calls, rewards on 5 %, Zipf-distributed
+words plus one topic word per trace out of 100 (so each topic is in ~1 % of traces: the search).
+
+Every query goes through ``serve.ui.queries.Reader``, so each one opens a fresh sandboxed
+snapshot exactly as a page request does; that cost is in every figure. Each query runs once to
+warm the page cache, then ``--repeats`` times, as the admin (all teams) and as one team. The goal
+is a list page (``Reader.traces``) in under 300 ms at p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from deploy.bench import pct
+from serve.ui.queries import Reader, TraceFilters
+from traces.feedback import write_feedback
+from traces.schema import SCHEMA_VERSION, TRACE_SCHEMA
+from traces.writer import _model_dir
+
+START_US = int(np.datetime64("2026-11-24T00:00:00", "us").astype(np.int64))
+DAY_US, DAYS, TURNS, CHUNK = 86_400 * 10**6, 7, 5, 100_000  # CHUNK is a multiple of TURNS
+MODELS, TEAMS = ["qwen3-8b", "llama-3.1-8b"], ["research", "evals", "product"]
+ENVS, TOOLS = ["swe", "math", "browse", "chat"], ["search", "read_file", "run_tests", "edit"]
+CHECKPOINTS, PAGE, MARKER = 20, 50, "_ui_bench.json"
+ERRORS = [("upstream timeout after 60 s", 504), ("engine overloaded, retry", 503),
+          ("context length exceeded", 400)]
+WORDS = list(dict.fromkeys("""the a to of and in is for that it with on this be as are by we you
+    not can from or an at have will if use but which file function test error value return code run
+    should when one data all new list make add need what check fix first output input line type
+    using case change also update call more build set like just then model step result path name
+    string number each only any into out config read write class method import module package
+    version install server client request response query table column row index key map array loop
+    branch commit merge review patch diff log trace debug print assert raise exception handle retry
+    timeout cache memory thread process queue worker batch token prompt train eval reward score
+    metric loss gradient weight layer tensor shape dtype device kernel buffer stream socket port
+    host url header body json parse format encode decode hash sort filter group join count sum mean
+    max min range slice split strip replace match pattern regex date time zone second minute hour
+    day week user team admin account password secret permission role policy rule limit quota rate
+    budget cost price order item cart payment invoice email message notify event schedule job task
+    plan goal idea note draft summary report chart plot figure image video audio text word sentence
+    paragraph page section chapter title author source link reference example sample demo guide
+    docs readme license issue ticket bug feature release deploy rollback monitor alert""".split()))
+TOPICS = """aardvark baklava cormorant dulcimer eucalyptus flamingo gazpacho harpsichord iguana
+    jacaranda kumquat lorikeet marzipan narwhal ocelot pangolin quetzal rambutan salamander tamarind
+    ukulele vicuna wombat xylophone yodel zeppelin anchovy bonsai cassowary dromedary edelweiss
+    falafel gondola hibiscus igloo jackal kiwifruit lemming mandolin nutmeg oregano papaya quinoa
+    raccoon saffron toucan vanilla walrus yak zucchini armadillo bagpipe chinchilla
+    dandelion emu fennel gecko hedgehog ibis jellyfish kayak lychee mongoose nectarine okapi
+    platypus quokka radish sitar tapir uakari vulture wasabi yarrow zebu alpaca banjo capybara
+    dingo eggplant ferret guava hyena impala jaguar koala llama manatee nightingale octopus
+    penguin quail reindeer sturgeon turmeric urchin viola wolverine yucca zither""".split()
+NEEDLE = "quokka"  # the search term: one topic, so ~1 % of traces
+assert len(TOPICS) == 100 and not any(NEEDLE in w for w in WORDS + TOPICS if w != NEEDLE)
+_HEX = np.array([f"{i:02x}".encode() for i in range(256)], "S2")
+_ZIPF = 1 / (np.arange(len(WORDS)) + 5.0)
+
+
+def _ids(rng, n: int, nbytes: int, prefix: str) -> pa.Array:
+    """Random hex ids like the gateway's ("tr-" + uuid hex), without a Python loop."""
+    digits = _HEX[rng.integers(0, 256, (n, nbytes), dtype=np.uint8)].view(f"S{2 * nbytes}").ravel()
+    return pc.binary_join_element_wise(prefix, pa.array(digits).cast(pa.string()), "")
+
+
+def _text(rng, n: int, k: int, topic: pa.Array | None = None) -> pa.Array:
+    """n strings of k Zipf-distributed words (the topic word, if any, third)."""
+    vocab = pa.array(WORDS)
+    cols = [vocab.take(pa.array(rng.choice(len(WORDS), n, p=_ZIPF / _ZIPF.sum()))) for _ in range(k)]
+    if topic is not None:
+        cols.insert(2, topic)
+    return pc.binary_join_element_wise(*cols, " ")
+
+
+def _lists(rng, lengths: np.ndarray, make, null: np.ndarray | None = None) -> pa.Array:
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(make(int(offsets[-1]))),
+                                    mask=None if null is None else pa.array(null))
+
+
+def _chunk(rng, first: int, n: int, total: int) -> pa.Table:
+    """Traces first .. first+n-1 of total, as one table (sessions never cross a chunk)."""
+    whole = -(-n // TURNS) * TURNS  # build whole sessions, cut the last one short
+    sess = (first + np.arange(whole)) // TURNS
+    turn = np.arange(whole) % TURNS
+    # sessions start in order over the week (files are time-ordered, as the writer's are);
+    # turns follow each other by 5-90 s
+    span = DAYS * DAY_US - 3_600 * 10**6
+    start = START_US + ((sess + rng.random(whole)) * span / -(-total // TURNS)).astype(np.int64)
+    gaps = rng.integers(5, 90, (whole // TURNS, TURNS)) * 10**6
+    received = start + (np.cumsum(gaps, axis=1) - gaps).ravel()
+    error = rng.random(whole) < 0.03
+    tools = ~error & (rng.random(whole) < 0.10)
+    out_len = np.where(error, 0, rng.integers(30, 70, whole))
+    # the prompt: the previous turn's prompt and completion (a prefix reference) plus 50 new ids
+    before = (np.cumsum(out_len.reshape(-1, TURNS), axis=1) - out_len.reshape(-1, TURNS)).ravel()
+    prefix_len = 50 * turn + before
+    queue = rng.exponential(5.0, whole)
+    ttft = 20 + rng.exponential(60.0, whole)
+    itl = 8 + rng.exponential(4.0, whole)
+    ts = lambda us: pa.array(us, pa.timestamp("us", tz="UTC"))  # noqa: E731
+    nulls = lambda mask, arr: pc.if_else(pa.array(mask), pa.scalar(None, arr.type), arr)  # noqa: E731
+    pick = lambda options, idx: pa.array(options).take(pa.array(idx))  # noqa: E731
+
+    trace_id = _ids(rng, whole, 16, "tr-")
+    session_id = _ids(rng, whole // TURNS, 8, "s-").take(pa.array(np.arange(whole) // TURNS))
+    err_idx = rng.integers(0, len(ERRORS), whole)
+    topic = pick(TOPICS, rng.integers(0, len(TOPICS), whole))
+    user = _text(rng, whole, 34, topic)
+    tool_call = pc.binary_join_element_wise(
+        '[{"id": "call_', _ids(rng, whole, 6, ""), '", "type": "function", "function": {"name": "',
+        pick(TOOLS, rng.integers(0, len(TOOLS), whole)), '", "arguments": "{\\"query\\": \\"',
+        _text(rng, whole, 3), '\\"}"}}]', "")
+    cols = {
+        "schema_version": pa.array(np.full(whole, SCHEMA_VERSION, np.int16)),
+        "trace_id": trace_id, "gen_ai_conversation_id": session_id,
+        "team": pick(TEAMS, sess % 3), "api_key_id": pick([f"key-{t}" for t in TEAMS], sess % 3),
+        "gen_ai_operation_name": pick(["chat"], np.zeros(whole, int)),
+        "gen_ai_request_model": pick(MODELS, sess % 2), "gen_ai_response_model": pick(MODELS, sess % 2),
+        "checkpoint_version": pick([f"rl-step-{(c + 1) * 100}" for c in range(CHECKPOINTS)],
+                                   np.minimum((received - START_US) * CHECKPOINTS // span, CHECKPOINTS - 1)),
+        "deployment": pick(["pool-a", "pool-b"], sess % 2), "worker_id": pick(["w0", "w1", "w2", "w3"], sess % 4),
+        "stream": pa.array(rng.random(whole) < 0.7),
+        "gen_ai_input_messages": pc.binary_join_element_wise(
+            '[{"role": "system", "content": "You are a careful agent. Use the tools when they help."}, '
+            '{"role": "user", "content": "', user, '"}]', ""),
+        "sampling_params": pick(['{"temperature": 0.7, "max_tokens": 512}', '{"temperature": 1.0}'], sess % 2),
+        "response_content": nulls(error | tools, _text(rng, whole, 28)),
+        "response_reasoning": nulls(error | (rng.random(whole) > 0.3), _text(rng, whole, 16)),
+        "response_tool_calls": nulls(~tools, tool_call),
+        "finish_reason": nulls(error, pick(["stop", "tool_calls"], tools.astype(int))),
+        "prompt_prefix_trace_id": nulls(turn == 0, pa.concat_arrays([pa.nulls(1, pa.string()), trace_id[:-1]])),
+        "prompt_prefix_len": nulls(turn == 0, pa.array(prefix_len.astype(np.int32))),
+        "prompt_new_token_ids": _lists(rng, np.full(whole, 50), lambda k: rng.integers(0, 150_000, k, np.int32)),
+        "completion_token_ids": _lists(rng, out_len, lambda k: rng.integers(0, 150_000, k, np.int32), error),
+        "completion_logprobs": _lists(rng, out_len, lambda k: -rng.exponential(0.3, k).astype(np.float32), error),
+        "time_received": ts(received), "time_admitted": ts(received + (queue * 1e3).astype(np.int64)),
+        "time_first_token": ts(received + ((queue + ttft) * 1e3).astype(np.int64)),
+        "time_done": ts(received + ((queue + ttft + itl * out_len) * 1e3).astype(np.int64)),
+        "queue_wait_ms": pa.array(queue), "ttft_ms": pa.array(ttft), "mean_itl_ms": pa.array(itl),
+        "gen_ai_usage_input_tokens": pa.array((prefix_len + 50).astype(np.int32)),
+        "gen_ai_usage_output_tokens": pa.array(out_len.astype(np.int32)),
+        "gen_ai_usage_cache_read_input_tokens": pa.array(prefix_len.astype(np.int32)),
+        "http_status": pa.array(np.where(error, np.array([c for _, c in ERRORS])[err_idx], 200).astype(np.int16)),
+        "error": nulls(~error, pick([e for e, _ in ERRORS], err_idx)),
+        "env_id": pick(ENVS, sess % len(ENVS)),
+    }
+    table = pa.Table.from_arrays([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(whole, f.type)
+                                  for f in TRACE_SCHEMA], schema=TRACE_SCHEMA)
+    return table.slice(0, n)
+
+
+def generate(root: Path, total: int) -> None:
+    rng = np.random.default_rng(0)
+    pending: list[dict] = []
+    for c, first in enumerate(range(0, total, CHUNK)):
+        table = _chunk(rng, first, min(CHUNK, total - first), total)
+        day = (pc.cast(table["time_received"], pa.int64()).to_numpy() - START_US) // DAY_US
+        model = table["gen_ai_request_model"].to_numpy(zero_copy_only=False)
+        for d in np.unique(day):
+            for m in MODELS:
+                mask = (day == d) & (model == m)
+                if mask.any():  # one file per chunk and partition, named like a writer's
+                    date = (np.datetime64("2026-11-24") + int(d)).astype(str)
+                    part = root / f"date={date}" / f"model={_model_dir(m)}"
+                    part.mkdir(parents=True, exist_ok=True)
+                    pq.write_table(table.filter(pa.array(mask)), part / f"bench-{c:05d}.parquet",
+                                   compression="zstd")
+        rewarded = table.filter(pa.array(rng.random(table.num_rows) < 0.05)).select(["trace_id", "team", "env_id"])
+        rewards = np.round(rng.beta(2, 2, rewarded.num_rows), 3)
+        pending += [{"trace_id": r["trace_id"], "team": r["team"], "name": "reward", "reward": float(v),
+                     "source": f"env:{r['env_id']}"} for r, v in zip(rewarded.to_pylist(), rewards)]
+        if len(pending) >= 25_000 or first + CHUNK >= total:  # a few large feedback files
+            write_feedback(root, pending)
+            pending = []
+
+
+def ensure_store(root: Path, total: int) -> None:
+    marker = root / MARKER
+    if marker.exists():
+        if json.loads(marker.read_text()) == {"traces": total, "complete": True}:
+            print(f"reusing {root} ({total:,} traces)")
+            return
+        shutil.rmtree(root)  # ours, but another size or an interrupted run
+    elif root.exists() and any(root.iterdir()):
+        raise SystemExit(f"{root} is not empty and holds no {MARKER}: pick another --dir")
+    root.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"traces": total, "complete": False}))
+    t0 = time.perf_counter()
+    generate(root, total)
+    marker.write_text(json.dumps({"traces": total, "complete": True}))
+    files = [p for p in root.rglob("*.parquet")]
+    print(f"generated {total:,} traces in {time.perf_counter() - t0:.1f} s: {len(files)} files, "
+          f"{sum(p.stat().st_size for p in files) / 2**20:,.0f} MiB on disk in {root}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=int, default=1_000_000)
+    ap.add_argument("--dir", default="/tmp/flywheel-ui-bench")
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    root = Path(args.dir)
+    ensure_store(root, args.traces)
+
+    checkpoint = f"rl-step-{CHECKPOINTS // 2 * 100}"
+    team = TEAMS[0]
+    # a trace and session of that team, taken from the store so a reused one needs no bookkeeping
+    probe = Reader(str(root), team, 120).traces(TraceFilters(checkpoint=checkpoint), 0, 1)[0][0]
+    day = (np.datetime64("2026-11-24") + DAYS // 2).astype(str)
+    F = TraceFilters
+    lists = [("first page", F(), 0), ("page 10", F(), 10), ("checkpoint", F(checkpoint=checkpoint), 0),
+             ("model", F(model=MODELS[1]), 0), ("one day", F(since=day, until=f"{day}T23:59:59.999999"), 0),
+             ("status=error", F(status="error"), 0), ("tool calls", F(tools="1"), 0),
+             ("reward 0.9-1", F(reward_min="0.9", reward_max="1"), 0), (f"q={NEEDLE}", F(q=NEEDLE), 0),
+             ("checkpoint + q", F(checkpoint=checkpoint, q=NEEDLE), 0)]
+    queries = [(name, True, lambda r, f=f, p=p: len(r.traces(f, p, PAGE)[0])) for name, f, p in lists]
+    queries += [("trace(id)", False, lambda r: int(r.trace(probe["trace_id"]) is not None)),
+                ("session(id)", False, lambda r: len(r.session(probe["gen_ai_conversation_id"]))),
+                ("by_checkpoint", False, lambda r: len(r.by_checkpoint())),
+                ("usage", False, lambda r: len(r.usage()))]
+
+    results, list_ms = [], []
+    for name, is_list, call in queries:
+        for scope in (None, team):
+            reader = Reader(str(root), scope, 120)
+            call(reader)  # warm-up: page cache, DuckDB's first-use costs
+            ms = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                rows = call(reader)
+                ms.append((time.perf_counter() - t0) * 1e3)
+            results.append((name, scope or "admin", pct(ms, 0.5), max(ms), rows))
+            list_ms += ms if is_list else []
+            print(f"  {name:<16} {scope or 'admin':<9} {pct(ms, 0.5):8.0f} ms", flush=True)
+
+    print(f"\n{args.traces:,} traces, {args.repeats} repeats, page size {PAGE}; max is the p99 at this few")
+    print(f"{'query':<16} {'scope':<9} {'p50 ms':>8} {'max ms':>8} {'rows':>6}")
+    for name, scope, p50, top, rows in results:
+        print(f"{name:<16} {scope:<9} {p50:8.0f} {top:8.0f} {rows:6d}{'  > 300 ms' if p50 > 300 else ''}")
+    over = sum(1 for r in results[:2 * len(lists)] if r[2] > 300)
+    print(f"list/filter queries: overall p50 {pct(list_ms, 0.5):.0f} ms against the 300 ms goal "
+          f"({over} of {2 * len(lists)} query/scope pairs over it)")
+
+
+if __name__ == "__main__":
+    main()
