@@ -218,6 +218,11 @@ class Loop:
         return turns
 
 
+def _gateway_url(cfg: StackConfig) -> str:
+    gw = cfg.resolved_gateway()
+    return f"http://{gw.host}:{gw.port}"
+
+
 def team_key(cfg: StackConfig, team: str = "demo") -> str:
     """A key for ``team``, created once per home, so the loop's traces are attributed."""
     from serve.keys import KeyStore
@@ -254,7 +259,9 @@ def run_loop(cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None 
         result = {"run_id": state.run_id, "env": state.config.env, "algo": state.config.algo,
                   "turns": turns, "plot": str(plot), "wall_s": round(time.monotonic() - t0, 1),
                   "improved": turns[-1]["eval"]["exact_solve"] > turns[0]["eval"]["exact_solve"]
-                  or turns[-1]["eval"]["reward_mean"] > turns[0]["eval"]["reward_mean"]}
+                  or turns[-1]["eval"]["reward_mean"] > turns[0]["eval"]["reward_mean"],
+                  "ui": {"url": f"{_gateway_url(cfg)}/ui/checkpoints", "key_file": str(cfg.run_dir / "demo.key"),
+                         "stack_stays_up": keep_up or not started_here}}
         state.data["result"] = result
         state.save()
         report.final(result)

@@ -64,6 +64,9 @@ class Reporter:
         self.console.print(table)
         verdict = "[green]improved[/]" if result["improved"] else "[red]did not improve[/]"
         self.console.print(f"{verdict}; plot {result['plot']}; {result['wall_s']:.0f} s in all")
+        ui = result["ui"]
+        self.console.print(f"checkpoints, traces and rewards in the browser: {ui['url']} (log in with the "
+                           f"key in {ui['key_file']}){'' if ui['stack_stays_up'] else '; run `flywheel up` first'}")
         if self.quiet:
             json.dump(result, sys.stdout, indent=2)
             sys.stdout.write("\n")
