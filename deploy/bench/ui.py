@@ -94,6 +94,19 @@ def _lists(rng, lengths: np.ndarray, make, null: np.ndarray | None = None) -> pa
                                     mask=None if null is None else pa.array(null))
 
 
+def ts(us: np.ndarray) -> pa.Array:
+    return pa.array(us, pa.timestamp("us", tz="UTC"))
+
+
+def nulls(mask: np.ndarray, arr: pa.Array) -> pa.Array:
+    """arr, null where mask is set."""
+    return pc.if_else(pa.array(mask), pa.scalar(None, arr.type), arr)
+
+
+def pick(options: list[str], idx: np.ndarray) -> pa.Array:
+    return pa.array(options).take(pa.array(idx))
+
+
 def _chunk(rng, first: int, n: int, total: int) -> pa.Table:
     """Traces first .. first+n-1 of total, as one table (sessions never cross a chunk)."""
     whole = -(-n // TURNS) * TURNS  # build whole sessions, cut the last one short
@@ -114,9 +127,6 @@ def _chunk(rng, first: int, n: int, total: int) -> pa.Table:
     queue = rng.exponential(5.0, whole)
     ttft = 20 + rng.exponential(60.0, whole)
     itl = 8 + rng.exponential(4.0, whole)
-    ts = lambda us: pa.array(us, pa.timestamp("us", tz="UTC"))  # noqa: E731
-    nulls = lambda mask, arr: pc.if_else(pa.array(mask), pa.scalar(None, arr.type), arr)  # noqa: E731
-    pick = lambda options, idx: pa.array(options).take(pa.array(idx))  # noqa: E731
 
     trace_id = _ids(rng, whole, 16, "tr-")
     session_id = _ids(rng, whole // TURNS, 8, "s-").take(pa.array(np.arange(whole) // TURNS))
@@ -193,21 +203,22 @@ def generate(root: Path, total: int) -> None:
 
 def ensure_store(root: Path, total: int) -> None:
     marker = root / MARKER
-    if marker.exists():
-        if json.loads(marker.read_text()) == {"traces": total, "complete": True}:
-            print(f"reusing {root} ({total:,} traces)")
-            return
-        shutil.rmtree(root)  # ours, but another size or an interrupted run
-    elif root.exists() and any(root.iterdir()):
-        raise SystemExit(f"{root} is not empty and holds no {MARKER}: pick another --dir")
-    root.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"traces": total, "complete": False}))
-    t0 = time.perf_counter()
-    generate(root, total)
-    marker.write_text(json.dumps({"traces": total, "complete": True}))
-    files = [p for p in root.rglob("*.parquet")]
-    print(f"generated {total:,} traces in {time.perf_counter() - t0:.1f} s: {len(files)} files, "
-          f"{sum(p.stat().st_size for p in files) / 2**20:,.0f} MiB on disk in {root}")
+    if marker.exists() and json.loads(marker.read_text()) == {"traces": total, "complete": True}:
+        how = "reusing the store"
+    else:
+        if marker.exists():
+            shutil.rmtree(root)  # ours, but of another size or from an interrupted run
+        elif root.exists() and any(root.iterdir()):
+            raise SystemExit(f"{root} is not empty and holds no {MARKER}: pick another --dir")
+        root.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"traces": total, "complete": False}))
+        t0 = time.perf_counter()
+        generate(root, total)
+        marker.write_text(json.dumps({"traces": total, "complete": True}))
+        how = f"generated in {time.perf_counter() - t0:.1f} s"
+    files = list(root.rglob("*.parquet"))
+    print(f"{total:,} traces {how}: {root}, {len(files)} Parquet files, "
+          f"{sum(p.stat().st_size for p in files) / 2**20:,.0f} MiB on disk")
 
 
 def main() -> None:
@@ -250,7 +261,7 @@ def main() -> None:
             list_ms += ms if is_list else []
             print(f"  {name:<16} {scope or 'admin':<9} {pct(ms, 0.5):8.0f} ms", flush=True)
 
-    print(f"\n{args.traces:,} traces, {args.repeats} repeats, page size {PAGE}; max is the p99 at this few")
+    print(f"\n{args.traces:,} traces, {args.repeats} repeats, page size {PAGE}; max stands in for p99 at so few")
     print(f"{'query':<16} {'scope':<9} {'p50 ms':>8} {'max ms':>8} {'rows':>6}")
     for name, scope, p50, top, rows in results:
         print(f"{name:<16} {scope:<9} {p50:8.0f} {top:8.0f} {rows:6d}{'  > 300 ms' if p50 > 300 else ''}")

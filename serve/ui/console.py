@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from serve.config import Price
 from serve.ui.charts import bars
+from serve.ui.queries import Reader
 from serve.ui.web import Web
 from traces.guard import QueryRefused
 
@@ -28,7 +29,7 @@ def router(web: Web) -> APIRouter:
     @api.get("/ui/checkpoints")
     async def checkpoints(request: Request):
         session = web.session(request)
-        stats = await web.read(session, "by_checkpoint")
+        stats = await web.read(session, Reader.by_checkpoint)
         registered = _registry(config.checkpoints_file)
         versions = {"base": {"version": "base", "kind": "base", "parent": None, "dataset": None,
                              "turn": None, "env": None, "created": "", "path": ""}, **registered}
@@ -46,7 +47,7 @@ def router(web: Web) -> APIRouter:
     @api.get("/ui/usage")
     async def usage(request: Request):
         session = web.session(request)
-        rows = await web.read(session, "usage")
+        rows = await web.read(session, Reader.usage)
         for r in rows:
             price = config.prices.get(r["model"]) or Price()
             cached = r["cached_input_tokens"]
@@ -76,7 +77,7 @@ def router(web: Web) -> APIRouter:
             return web.page("error.html", session, 403, title="Forbidden", message="The form has expired; reload the page.")
         limit = config.ui.sql_max_rows
         try:
-            table = await web.read(session, "table", sql, None, limit + 1)
+            table = await web.read(session, lambda r: r.table(sql, None, limit + 1))
         except (QueryRefused, duckdb.Error) as exc:
             return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
         rows = [[_cell(v) for v in r.values()] for r in table.slice(0, limit).to_pylist()]
@@ -89,7 +90,7 @@ def router(web: Web) -> APIRouter:
         if format not in ("csv", "parquet"):
             return web.page("error.html", session, 400, title="Bad request", message="format is csv or parquet")
         try:
-            table = await web.read(session, "table", sql, None, DOWNLOAD_MAX_ROWS)
+            table = await web.read(session, lambda r: r.table(sql, None, DOWNLOAD_MAX_ROWS))
         except (QueryRefused, duckdb.Error) as exc:
             return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
         out = io.BytesIO()

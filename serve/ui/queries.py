@@ -72,8 +72,8 @@ class TraceFilters:
         if self.reward_min or self.reward_max:
             low = _number("reward_min", self.reward_min, float("-inf"))
             high = _number("reward_max", self.reward_max, float("inf"))
-            clauses.append(f"trace_id IN (SELECT trace_id FROM rewards WHERE reward >= {bind(low)} "
-                           f"AND reward <= {bind(high)})")
+            clauses.append(f"trace_id IN (SELECT trace_id FROM rewards WHERE name = 'reward' "
+                           f"AND reward >= {bind(low)} AND reward <= {bind(high)})")
         if self.q:
             pattern = bind("%" + self.q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
             clauses.append(" OR ".join(f"{c} ILIKE {pattern} ESCAPE '\\'" for c in

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable, TypeVar
 from urllib.parse import quote
 
 from fastapi import Request
@@ -17,6 +18,7 @@ from serve.ui.queries import Reader
 from serve.ui.session import COOKIE, Sessions, UISession
 
 HERE = Path(__file__).parent
+T = TypeVar("T")
 
 
 class LoginNeeded(Exception):
@@ -44,9 +46,9 @@ class Web:
         return Reader(self.config.traces_dir, None if session.caller.admin else session.caller.team,
                       self.config.query_timeout_s)
 
-    async def read(self, session: UISession, method: str, *args):
-        """Run one of the reader's queries off the event loop (DuckDB blocks)."""
-        return await run_in_threadpool(getattr(self.reader(session), method), *args)
+    async def read(self, session: UISession, query: Callable[[Reader], T]) -> T:
+        """Run ``query`` on the caller's reader off the event loop (DuckDB blocks)."""
+        return await run_in_threadpool(query, self.reader(session))
 
     def page(self, template: str, session: UISession | None, status: int = 200, **values) -> HTMLResponse:
         html = self.env.get_template(template).render(
