@@ -28,27 +28,26 @@ class QueryRequest(BaseModel):
 
 
 def _run(root: str, team: str | None, req: QueryRequest, timeout_s: float) -> dict:
-    table = scoped_query(root, team, req.sql, req.max_rows + 1, timeout_s)
+    try:
+        table = scoped_query(scoped_store(root, team), req.sql, req.max_rows + 1, timeout_s)
+    except SnapshotGone:  # housekeeping removed a file under us: one more try on a new snapshot
+        table = scoped_query(scoped_store(root, team), req.sql, req.max_rows + 1, timeout_s)
     rows = table.slice(0, req.max_rows).to_pylist()
     return {"columns": table.column_names, "rows": [list(r.values()) for r in rows],
             "row_count": len(rows), "truncated": table.num_rows > req.max_rows,
             "scope": team or "all"}
 
 
-def scoped_query(root: str, team: str | None, sql: str, limit: int, timeout_s: float,
-                 params: list | None = None):
-    """The one way the gateway reads the store (this endpoint and the trace browser): a
-    sandboxed snapshot scoped to ``team`` (None: the admin, every team), a guarded SELECT, at
-    most ``limit`` rows (DuckDB stops producing once it has them, so a huge result is never
-    built in full), interrupted after ``timeout_s``."""
-    try:
-        return _query(root, team, sql, limit, timeout_s, params)
-    except SnapshotGone:  # housekeeping removed a file under us: one more try on a new snapshot
-        return _query(root, team, sql, limit, timeout_s, params)
+def scoped_store(root: str, team: str | None) -> TraceStore:
+    """The one way the gateway opens the store (this endpoint and the trace browser): a
+    sandboxed snapshot scoped to ``team`` (None: the admin, every team) that accepts only
+    guarded SELECTs."""
+    return TraceStore(root, team=team, sandbox=True, threads=1)
 
 
-def _query(root: str, team: str | None, sql: str, limit: int, timeout_s: float, params: list | None):
-    store = TraceStore(root, team=team, sandbox=True, threads=1)
+def scoped_query(store: TraceStore, sql: str, limit: int, timeout_s: float, params: list | None = None):
+    """At most ``limit`` rows (DuckDB stops producing once it has them, so a huge result is
+    never built in full), interrupted after ``timeout_s``."""
     timer = threading.Timer(timeout_s, store.con.interrupt)
     timer.start()
     try:

@@ -93,6 +93,8 @@ class TraceStore:
         self.con = duckdb.connect(":memory:")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
+        # each view's definition reads every file's footer; cached, they are read once
+        self.con.execute("SET parquet_metadata_cache = true")
         self.refresh()
         if self.sandbox:
             self._lock_down()

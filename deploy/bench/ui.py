@@ -9,7 +9,7 @@ Parquet file per 100k-trace chunk and ``date=/model=`` partition, rewards throug
 sessions with prefix references, 3 % errors, 10 % tool calls, rewards on 5 %, Zipf-distributed
 words plus one topic word per trace out of 100 (so each topic is in ~1 % of traces: the search).
 
-Every query goes through ``serve.ui.queries.Reader``, so each one opens a fresh sandboxed
+Every query goes through a new ``serve.ui.queries.Reader``, so each one opens a fresh sandboxed
 snapshot exactly as a page request does; that cost is in every figure. Each query runs once to
 warm the page cache, then ``--repeats`` times, as the admin (all teams) and as one team. The goal
 is a list page (``Reader.traces``) in under 300 ms at p50.
@@ -250,12 +250,11 @@ def main() -> None:
     results, list_ms = [], []
     for name, is_list, call in queries:
         for scope in (None, team):
-            reader = Reader(str(root), scope, 120)
-            call(reader)  # warm-up: page cache, DuckDB's first-use costs
+            call(Reader(str(root), scope, 120))  # warm-up: page cache, DuckDB's first-use costs
             ms = []
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
-                rows = call(reader)
+                rows = call(Reader(str(root), scope, 120))  # a new snapshot, as for each page request
                 ms.append((time.perf_counter() - t0) * 1e3)
             results.append((name, scope or "admin", pct(ms, 0.5), max(ms), rows))
             list_ms += ms if is_list else []

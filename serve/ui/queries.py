@@ -8,9 +8,11 @@ reaches DuckDB as a bound parameter (``$n``), never inside the SQL text.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
+from pathlib import Path
 
-from serve.trace_query import scoped_query
+from serve.trace_query import scoped_query, scoped_store
+from traces.store import SnapshotGone
 
 LIST_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_version,
     gen_ai_conversation_id, env_id, http_status, error, finish_reason, gen_ai_usage_input_tokens,
@@ -72,8 +74,11 @@ class TraceFilters:
         if self.reward_min or self.reward_max:
             low = _number("reward_min", self.reward_min, float("-inf"))
             high = _number("reward_max", self.reward_max, float("inf"))
-            clauses.append(f"trace_id IN (SELECT trace_id FROM rewards WHERE name = 'reward' "
-                           f"AND reward >= {bind(low)} AND reward <= {bind(high)})")
+            # the `rewards` view's rule (latest feedback, of the trace's team or the admin), joined
+            # to the days being searched only ({days}: filled in by the caller) instead of them all
+            clauses.append(f"trace_id IN (SELECT f.trace_id FROM feedback f JOIN traces t ON f.trace_id = t.trace_id "
+                           f"AND (f.team = t.team OR f.team = 'admin') WHERE f.name = 'reward' AND t.date IN ({{days}}) "
+                           f"GROUP BY f.trace_id HAVING arg_max(f.reward, f.time_created) BETWEEN {bind(low)} AND {bind(high)})")
         if self.q:
             pattern = bind("%" + self.q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
             clauses.append(" OR ".join(f"{c} ILIKE {pattern} ESCAPE '\\'" for c in
@@ -90,6 +95,17 @@ def _moment(name: str, value: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def _days(root: str) -> list[date]:
+    """The store's days, newest first, from its directory names (no file is opened)."""
+    out = set()
+    for d in Path(root).glob("date=*"):
+        try:
+            out.add(date.fromisoformat(d.name[5:]))
+        except ValueError:
+            continue
+    return sorted(out, reverse=True)
+
+
 def _number(name: str, value: str, default: float) -> float:
     try:
         return float(value) if value else default
@@ -98,36 +114,93 @@ def _number(name: str, value: str, default: float) -> float:
 
 
 class Reader:
-    """One caller's view of the store: ``team`` None is the admin (every team)."""
+    """One caller's view of the store for one page: ``team`` None is the admin (every team).
+    The snapshot is opened once, on the first query, and serves all of the page's queries."""
 
     def __init__(self, traces_dir: str, team: str | None, timeout_s: float):
         self.traces_dir, self.team, self.timeout_s = traces_dir, team, timeout_s
+        self._store = None
 
     def rows(self, sql: str, params: list | None = None, limit: int = 100_000) -> list[dict]:
         return self.table(sql, params, limit).to_pylist()
 
     def table(self, sql: str, params: list | None = None, limit: int = 100_000):
-        return scoped_query(self.traces_dir, self.team, sql, limit, self.timeout_s, params)
+        try:
+            return scoped_query(self._snapshot(), sql, limit, self.timeout_s, params)
+        except SnapshotGone:  # housekeeping removed one of its files: once more on a new one
+            self._store = None
+            return scoped_query(self._snapshot(), sql, limit, self.timeout_s, params)
+
+    def _snapshot(self):
+        if self._store is None:
+            self._store = scoped_store(self.traces_dir, self.team)
+        return self._store
 
     def traces(self, filters: TraceFilters, page: int, size: int) -> tuple[list[dict], bool]:
-        """A page of traces, newest first, and whether there is a next page."""
+        """A page of traces, newest first, and whether there is a next page.
+
+        Two steps, so a page of a big store reads little: the ids of the newest matching traces,
+        asked of the newest days first (a day is a directory of files; sorting the whole store
+        would read most of it), then the page's columns for those ids only, in their days."""
         where, params = filters.where()
-        rows = self.rows(f"SELECT {LIST_COLUMNS} FROM traces{where} "
-                         f"ORDER BY time_received DESC NULLS LAST, trace_id DESC "
-                         f"LIMIT {size + 1} OFFSET {page * size}", params)
-        if rows:  # the page's rewards: a lookup for its ids, not a join over the store
-            ids = [r["trace_id"] for r in rows]
-            holes = ", ".join(f"${i + 1}" for i in range(len(ids)))
-            rewards = {r["trace_id"]: r["reward"] for r in self.rows(
-                f"SELECT trace_id, reward FROM rewards WHERE name = 'reward' AND trace_id IN ({holes})", ids)}
-            for r in rows:
-                r["reward"] = rewards.get(r["trace_id"])
-        return rows[:size], len(rows) > size
+        need = (page + 1) * size + 1
+        found: list[dict] = []
+        days, window = _days(self.traces_dir), 1
+        while days and len(found) < need:
+            chunk, days = days[:window], days[window:]
+            holes = ", ".join(f"${len(params) + i + 1}" for i in range(len(chunk)))
+            scope = (f"{where.replace('{days}', holes)} AND date IN ({holes})" if where
+                     else f" WHERE date IN ({holes})")
+            found += self.rows(f"SELECT trace_id, time_received, date FROM traces{scope} "
+                               f"ORDER BY time_received DESC NULLS LAST, trace_id DESC "
+                               f"LIMIT {need - len(found)}", params + chunk)
+            window *= 2  # few matches in the newest days: look further back in bigger steps
+        wanted = found[page * size:(page + 1) * size]
+        return self._page_rows(wanted), len(found) > (page + 1) * size
+
+    def _page_rows(self, wanted: list[dict]) -> list[dict]:
+        if not wanted:
+            return []
+        times = [w["time_received"] for w in wanted if w["time_received"] is not None]
+        dates = sorted({w["date"] for w in wanted if w["date"] is not None})
+        params: list = [[w["trace_id"] for w in wanted]]
+        clauses = ["trace_id IN (SELECT unnest($1))"]
+        if dates and len(times) == len(wanted):  # bounds that let the scan skip files and days
+            params += [min(times), max(times)]
+            clauses.append("time_received BETWEEN $2 AND $3")
+            clauses.append("date IN (" + ", ".join(f"${i + 4}" for i in range(len(dates))) + ")")
+            params += dates
+        by_id = {r["trace_id"]: r for r in self.rows(
+            f"SELECT {LIST_COLUMNS}, team FROM traces WHERE {' AND '.join(clauses)}", params)}
+        rows = [by_id[w["trace_id"]] for w in wanted if w["trace_id"] in by_id]
+        rewards = self._latest_rewards(rows)
+        for r in rows:
+            r["reward"] = rewards.get(r["trace_id"])
+        return rows
+
+    def _latest_rewards(self, rows: list[dict]) -> dict[str, float]:
+        """The 'reward' the ``rewards`` view would give these traces, looked up in ``feedback``
+        by id (the view joins all of ``traces`` to match teams; these rows carry their team)."""
+        team_of = {r["trace_id"]: r["team"] for r in rows}
+        latest: dict[str, tuple] = {}
+        for f in self.rows("SELECT trace_id, team, reward, time_created FROM feedback WHERE name = 'reward' "
+                           "AND reward IS NOT NULL AND trace_id IN (SELECT unnest($1))", [list(team_of)]):
+            if f["team"] in (team_of[f["trace_id"]], "admin"):
+                if f["trace_id"] not in latest or f["time_created"] > latest[f["trace_id"]][0]:
+                    latest[f["trace_id"]] = (f["time_created"], f["reward"])
+        return {t: reward for t, (_, reward) in latest.items()}
 
     def trace(self, trace_id: str) -> dict | None:
-        found = self.rows("SELECT * FROM traces WHERE trace_id = $1", [trace_id], limit=1)
+        """One whole record: its day and model first (three columns of the store), then every
+        column read from that partition only."""
+        where = self.rows("SELECT date, model FROM traces WHERE trace_id = $1", [trace_id], limit=1)
+        if not where:
+            return None
+        # plain equalities: those are what the scan prunes partitions by (IS NOT DISTINCT is not)
+        part = {k: v for k, v in where[0].items() if v is not None}
+        clauses = "".join(f" AND {k} = ${i + 2}" for i, k in enumerate(part))
+        found = self.rows(f"SELECT * FROM traces WHERE trace_id = $1{clauses}", [trace_id, *part.values()], limit=1)
         return found[0] if found else None
-
     def feedback(self, trace_id: str) -> list[dict]:
         return self.rows("SELECT name, reward, score, label, comment, source, time_created FROM feedback "
                          "WHERE trace_id = $1 ORDER BY time_created", [trace_id])
