@@ -46,7 +46,8 @@ class TraceFilters:
         return {k: v for k, v in vars(self).items() if v}
 
     def where(self) -> tuple[str, list]:
-        """The WHERE clause (with ``$n`` placeholders) and its parameters."""
+        """The WHERE clause (with ``$n`` placeholders) and its parameters. A reward filter
+        leaves ``{days}`` in it, for the placeholders of the days the caller searches."""
         clauses, params = [], []
 
         def bind(value) -> str:
@@ -77,13 +78,13 @@ class TraceFilters:
             # the `rewards` view's rule (latest feedback, of the trace's team or the admin), joined
             # to the days being searched only ({days}: filled in by the caller) instead of them all
             clauses.append(f"trace_id IN (SELECT f.trace_id FROM feedback f JOIN traces t ON f.trace_id = t.trace_id "
-                           f"AND (f.team = t.team OR f.team = 'admin') WHERE f.name = 'reward' AND t.date IN ({{days}}) "
+                           f"AND (f.team = t.team OR f.team = 'admin' OR (f.team IS NULL AND t.team IS NULL)) WHERE f.name = 'reward' AND t.date IN ({{days}}) "
                            f"GROUP BY f.trace_id HAVING arg_max(f.reward, f.time_created) BETWEEN {bind(low)} AND {bind(high)})")
-        if self.q:
+        if self.q:  # the text as typed: % and _ match themselves
             pattern = bind("%" + self.q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
-            clauses.append(" OR ".join(f"{c} ILIKE {pattern} ESCAPE '\\'" for c in
-                                       ("gen_ai_input_messages", "response_content", "response_reasoning")))
-            clauses[-1] = f"({clauses[-1]})"
+            likes = " OR ".join(f"{c} ILIKE {pattern} ESCAPE '\\'" for c in
+                                ("gen_ai_input_messages", "response_content", "response_reasoning"))
+            clauses.append(f"({likes})")
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
 
 
@@ -92,7 +93,8 @@ def _moment(name: str, value: str) -> datetime:
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise BadFilter(f"{name} must be a date or time like 2026-12-01T13:00, not {value!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    # a time without a zone is UTC, as the pages show times; days (partitions) are UTC days
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
 def _days(root: str) -> list[date]:
