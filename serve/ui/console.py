@@ -31,11 +31,9 @@ def router(web: Web) -> APIRouter:
         session = web.session(request)
         stats = await web.read(session, Reader.by_checkpoint)
         registered = _registry(config.checkpoints_file)
-        versions = {"base": {"version": "base", "kind": "base", "parent": None, "dataset": None,
-                             "turn": None, "env": None, "created": "", "path": ""}, **registered}
+        versions = {"base": _unregistered("base", "base", None), **registered}
         for v in stats:  # served under a version the registry does not know (another home, deleted)
-            versions.setdefault(v, {"version": v, "kind": "?", "parent": "base", "dataset": None,
-                                    "turn": None, "env": None, "created": "", "path": ""})
+            versions.setdefault(v, _unregistered(v, "?", "base"))
         lineage = [{**versions[v], "depth": depth, "served": stats.get(v) or {}} for v, depth in _tree(versions)]
         by_turn = sorted((c for c in versions.values() if c.get("turn") is not None), key=lambda c: c["turn"])
         return web.page(
@@ -110,6 +108,11 @@ def _registry(path: str | None) -> dict[str, dict]:
     if not path or not Path(path).is_file():
         return {}
     return json.loads(Path(path).read_text()).get("checkpoints", {})
+
+
+def _unregistered(version: str, kind: str, parent: str | None) -> dict:
+    return {"version": version, "kind": kind, "parent": parent, "dataset": None, "turn": None,
+            "env": None, "created": "", "path": ""}
 
 
 def _tree(versions: dict[str, dict]) -> list[tuple[str, int]]:
