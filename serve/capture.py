@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from serve.config import ModelRoute
+from serve.outcome import Outcome
 
 
 def new_trace_id() -> str:
@@ -161,7 +162,7 @@ class Capture:
 
     # -- the record ---------------------------------------------------------------------------
 
-    def record(self, http_status: int, error: str | None = None) -> dict:
+    def record(self, http_status: int, error: str | None = None, outcome: Outcome | None = None) -> dict:
         c, done = self.ctx, _now()
         body = c.body
         completion_ids = self.completion_ids or self.engine_data.get("completion_token_ids") or []
@@ -199,6 +200,7 @@ class Capture:
             "gen_ai_usage_cache_read_input_tokens":
                 (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
             "http_status": http_status, "error": error,
+            "outcome": outcome.value if outcome is not None else None,
             "env_id": c.env_id, "example_id": c.example_id, "rollout_id": c.rollout_id,
             "batch_id": c.batch_id, "custom_id": c.custom_id,
         }

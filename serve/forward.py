@@ -29,6 +29,7 @@ from serve.config import GatewayConfig, ModelRoute
 from serve.context_limit import check_counts, check_text, might_overflow
 from serve.errors import APIError, model_not_found
 from serve.metrics import Metrics
+from serve.outcome import Outcome
 from serve.tools.definitions import Bounds, parse_tools
 from serve.tools.grammar import grammar_for
 from serve.tools.response import StreamTransformer, transform_message
@@ -50,8 +51,8 @@ def upstream_headers(ctx: RequestContext) -> dict[str, str]:
 
 
 class _Retryable(Exception):
-    def __init__(self, error: APIError):
-        self.error = error
+    def __init__(self, error: APIError, outcome: Outcome):
+        self.error, self.outcome = error, outcome
 
 
 class Forwarder:
@@ -104,6 +105,7 @@ class Forwarder:
         headers = {"X-Trace-ID": ctx.trace_id}
         last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)",
                               type="server_error")
+        last_outcome = Outcome.REJECTED
         for dep_name in self.candidates(route, ctx.session_id):
             if not self.breakers.allow(dep_name):
                 continue
@@ -113,10 +115,11 @@ class Forwarder:
                                                       batch=ctx.batch_id is not None)
             except APIError as err:
                 if err.code == "capacity_exceeded":  # full: the next deployment may have room
-                    last_error = err
+                    last_error, last_outcome = err, Outcome.REJECTED
                     continue
                 self.metrics.rejected(ctx.alias, ctx.team, err.status)
-                await self.durable(capture.record(err.status, err.message))
+                self.metrics.outcomes.labels("", Outcome.REJECTED.value).inc()
+                await self.durable(capture.record(err.status, err.message, Outcome.REJECTED))
                 raise
             self.metrics.admission_wait.observe(time.monotonic() - t_wait)
             if admitted.reserved and not (body.get("max_tokens") or body.get("max_completion_tokens")):
@@ -129,7 +132,7 @@ class Forwarder:
                 result = await self._try(dep_name, operation, body, rewrite, capture, admitted, tool_req)
             except _Retryable as retry:
                 self.admission.release(admitted, ctx.alias, None)
-                last_error = retry.error
+                last_error, last_outcome = retry.error, retry.outcome
                 log.warning("deployment %s failed before the first token (%s); trying the next",
                             dep_name, retry.error.message)
                 continue
@@ -139,7 +142,9 @@ class Forwarder:
             return result, headers
         if ctx.batch_id is not None and last_error.code == "capacity_exceeded":
             raise last_error  # not an answer: the batch scheduler runs the line again later
-        await self.durable(capture.record(last_error.status, last_error.message))
+        if last_outcome is Outcome.REJECTED:
+            self.metrics.outcomes.labels("", last_outcome.value).inc()
+        await self.durable(capture.record(last_error.status, last_error.message, last_outcome))
         self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
         raise last_error
 
@@ -169,18 +174,21 @@ class Forwarder:
                 # errors and 5xx, and are bounded by upstream_timeout_s.
                 timeout=self.config.first_token_timeout_s if stream else None)
         except (httpx.HTTPError, asyncio.TimeoutError) as exc:
-            self.breakers.record(dep_name, False)
-            raise _Retryable(APIError(503, f"deployment {dep_name!r} is unreachable: {type(exc).__name__}",
-                                      type="server_error")) from None
+            timed_out = isinstance(exc, (asyncio.TimeoutError, httpx.TimeoutException))
+            outcome = Outcome.TIMEOUT if timed_out else Outcome.UNREACHABLE
+            self.settle(dep_name, outcome)
+            what = "sent no first token in time" if timed_out else "is unreachable"
+            raise _Retryable(APIError(503, f"deployment {dep_name!r} {what}: {type(exc).__name__}",
+                                      type="server_error"), outcome) from None
         if upstream.status_code != 200:
             text = (await upstream.aread()).decode(errors="replace")
             await upstream.aclose()
             err = upstream_error(upstream.status_code, text)
             if upstream.status_code >= 500:
-                self.breakers.record(dep_name, False)
-                raise _Retryable(err)
-            self.breakers.record(dep_name, True)  # the deployment is fine; the request was not
-            await self.durable(capture.record(err.status, err.message))
+                self.settle(dep_name, Outcome.UPSTREAM_ERROR)
+                raise _Retryable(err, Outcome.UPSTREAM_ERROR)
+            self.settle(dep_name, Outcome.REFUSED)  # the deployment is fine; the request was not
+            await self.durable(capture.record(err.status, err.message, Outcome.REFUSED))
             raise err
         self.metrics.upstream_latency.labels(dep_name).observe(time.monotonic() - t0)
         if not stream:
@@ -195,12 +203,12 @@ class Forwarder:
         try:
             data = json.loads(await upstream.aread())
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
-            self.breakers.record(dep_name, False)
+            outcome = Outcome.MALFORMED if isinstance(exc, json.JSONDecodeError) else Outcome.UPSTREAM_ERROR
+            self.settle(dep_name, outcome)
             raise _Retryable(APIError(502, f"deployment {dep_name!r} sent a broken response: {exc}",
-                                      type="server_error")) from None
+                                      type="server_error"), outcome) from None
         finally:
             await upstream.aclose()
-        self.breakers.record(dep_name, True)
         capture.on_response(data)
         self._first_token_metrics(dep_name, capture)
         try:
@@ -208,10 +216,16 @@ class Forwarder:
                 msg = transform_message(tool_req, data["choices"][0])["message"]
                 capture.set_output(msg.get("content"), msg.get("tool_calls") or [])
         except APIError as err:
-            await self.durable(capture.record(err.status, err.message))
+            self.settle(dep_name, Outcome.INVALID_TOOL_CALL)
+            await self.durable(capture.record(err.status, err.message, Outcome.INVALID_TOOL_CALL))
             raise
         self.admission.release(admitted, ctx.alias, data.get("usage"))  # the engine did the work
-        await self.acknowledge(capture.record(200))
+        try:
+            await self.acknowledge(capture.record(200, outcome=Outcome.OK))
+        except APIError:
+            self.settle(dep_name, Outcome.NOT_DURABLE)
+            raise
+        self.settle(dep_name, Outcome.OK)
         self.metrics.served(ctx.alias, ctx.team, data.get("usage"))
         return rewrite.client_view(data, ctx.alias)
 
@@ -219,7 +233,7 @@ class Forwarder:
                      admitted: Admitted, tools: StreamTransformer | None):
         ctx = capture.ctx
         error: str | None = "client disconnected before the stream ended"
-        event, recorded, deployment_ok = None, False, False
+        outcome, event, recorded = Outcome.CLIENT_GONE, None, False
         renewer = asyncio.create_task(self._renew(admitted))
         try:
             async for line in upstream.aiter_lines():
@@ -232,24 +246,25 @@ class Forwarder:
                 if data == "[DONE]":
                     if tools is not None:
                         capture.set_output(*tools.output())
-                    recorded = deployment_ok = True  # whatever the trace store says now
+                    recorded = True
                     try:  # the client's [DONE] means "stored"
-                        await self.acknowledge(capture.record(200))
+                        await self.acknowledge(capture.record(200, outcome=Outcome.OK))
                     except APIError as err:
-                        error = err.message
+                        error, outcome = err.message, Outcome.NOT_DURABLE
                         yield f"data: {json.dumps(err.body())}\n\n"
                         break
-                    error = None
+                    error, outcome = None, Outcome.OK
                     yield "data: [DONE]\n\n"
                     break
                 try:
                     obj = json.loads(data)
                 except json.JSONDecodeError as exc:  # the deployment's fault, not the client's leaving
                     error = f"deployment {dep_name!r} sent a malformed stream event ({exc}): {data[:200]!r}"
+                    outcome = Outcome.MALFORMED
                     yield error_event(error)
                     break
                 if event == "error" or "error" in obj:
-                    error = json.dumps(obj.get("error", obj))
+                    error, outcome = json.dumps(obj.get("error", obj)), Outcome.UPSTREAM_ERROR
                     yield f"data: {json.dumps({'error': obj.get('error', obj)})}\n\n"
                     break
                 capture.on_chunk(obj)
@@ -257,25 +272,25 @@ class Forwarder:
                     try:
                         obj = tools.chunk(obj)
                     except APIError as err:
-                        error = err.message
+                        error, outcome = err.message, Outcome.INVALID_TOOL_CALL
                         yield f"data: {json.dumps(err.body())}\n\n"
                         break
                 view = rewrite.client_view(obj, ctx.alias)
                 if view is not None:
                     yield f"data: {json.dumps(view)}\n\n"
             else:
-                error = "the deployment ended the stream without [DONE]"
+                error, outcome = "the deployment ended the stream without [DONE]", Outcome.UPSTREAM_ERROR
                 yield error_event(error)
         except httpx.HTTPError as exc:
             error = f"deployment {dep_name!r} failed mid-stream: {type(exc).__name__}: {exc}"
+            outcome = Outcome.TIMEOUT if isinstance(exc, httpx.TimeoutException) else Outcome.UPSTREAM_ERROR
             yield error_event(error)
         finally:
             renewer.cancel()
             await upstream.aclose()
-            self.breakers.record(dep_name, deployment_ok or error is None or "disconnected" in error
-                                 or "tool call" in error)
+            self.settle(dep_name, outcome)
             if not recorded:
-                self.writer.submit(capture.record(200, error))
+                self.writer.submit(capture.record(200, error, outcome))
             self.admission.release(admitted, ctx.alias, capture.usage or None,
                                    produced=len(capture.completion_ids))
             self._first_token_metrics(dep_name, capture)
@@ -283,6 +298,11 @@ class Forwarder:
                 self.metrics.served(ctx.alias, ctx.team, capture.usage)
             else:
                 self.metrics.stream_errors.labels(ctx.alias).inc()
+
+    def settle(self, dep_name: str, outcome: Outcome) -> None:
+        """An attempt at ``dep_name`` ended: its breaker and the metrics hear the same outcome."""
+        self.breakers.record(dep_name, outcome.deployment_ok)
+        self.metrics.outcomes.labels(dep_name, outcome.value).inc()
 
     def _first_token_metrics(self, dep_name: str, capture: Capture) -> None:
         if (times := capture.first_token_times()) is not None:

@@ -12,6 +12,9 @@ class Metrics:
         self.trace_store_errors = Counter("flywheel_trace_store_errors",
                                           "responses failed because their trace could not be stored",
                                           registry=r)
+        self.outcomes = Counter("flywheel_outcomes", "how attempts at a deployment ended (serve/outcome.py); "
+                                "deployment is empty for requests refused before any", ["deployment", "outcome"],
+                                registry=r)
         self.stream_errors = Counter("flywheel_stream_errors", "streams ended by an error event", ["model"], registry=r)
         self.tokens = Counter("flywheel_tokens", "tokens served", ["team", "kind"], registry=r)
         self.admission_wait = Histogram("flywheel_admission_wait_seconds", "time waiting for a lease",

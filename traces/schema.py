@@ -14,7 +14,8 @@ no reference (``prompt_prefix_trace_id`` null) stores its whole prompt in
 ``prompt_new_token_ids``. ``traces.store`` reconstructs full prompts on read.
 
 Versions: 1 stored the whole prompt in ``prompt_token_ids``. 2 adds the prefix reference. 3 adds
-``batch_id`` and ``custom_id`` (a line of the Batch API). The
+``batch_id`` and ``custom_id`` (a line of the Batch API). 4 adds ``outcome`` (how the request
+ended, ``serve/outcome.py``'s kinds: ok, client_gone, upstream_error, ...). The
 store reads every version through one view (missing columns read as null), so old files stay
 readable; bump ``SCHEMA_VERSION`` whenever a column is added, renamed or changes meaning.
 """
@@ -26,7 +27,7 @@ import struct
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _ts = pa.timestamp("us", tz="UTC")
 
@@ -70,6 +71,7 @@ TRACE_SCHEMA = pa.schema([
     ("gen_ai_usage_cache_read_input_tokens", pa.int32()),
     ("http_status", pa.int16()),
     ("error", pa.string()),
+    ("outcome", pa.string()),                       # ok | client_gone | upstream_error | timeout | ...
     ("env_id", pa.string()),
     ("example_id", pa.string()),
     ("rollout_id", pa.string()),
