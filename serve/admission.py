@@ -31,7 +31,7 @@ from serve.shared_state import SharedState
 NO_LIMIT = -1
 
 
-def _micro_usd(prompt: int, completion: int, price: Price | None, cached: int = 0) -> int:
+def micro_usd(prompt: int, completion: int, price: Price | None, cached: int = 0) -> int:
     """The cost in micro-dollars, rounded up: a price per 1M tokens times tokens; ``cached`` of
     the prompt tokens at the cached-input price."""
     if price is None:
@@ -134,7 +134,7 @@ class Admission:
         if limit is None:
             return None
         # the worst case: no prompt token cached (unless cheaper)
-        cost_micro = max(_micro_usd(prompt, completion, price), _micro_usd(prompt, completion, price, prompt))
+        cost_micro = max(micro_usd(prompt, completion, price), micro_usd(prompt, completion, price, prompt))
         cost_micro = math.ceil(cost_micro * (1 - discount))
         cost_usd = cost_micro / 1e6
         res = self.budgets.reserve(team, "b-" + uuid.uuid4().hex, prompt + completion, cost_micro,
@@ -201,7 +201,7 @@ class Admission:
             tin, tout = admitted.prompt_tokens, produced
         else:
             tin = tout = 0
-        cost = _micro_usd(tin, tout, self.config.prices.get(model), cached)
+        cost = micro_usd(tin, tout, self.config.prices.get(model), cached)
         self.budgets.settle(res, tin + tout, math.ceil(cost * (1 - admitted.discount)))
 
     def usage(self, team: str) -> dict:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from serve.config import Price
+from serve.admission import micro_usd
 from serve.ui.charts import bars
 from serve.ui.queries import Reader
 from serve.ui.web import Web
@@ -46,11 +46,9 @@ def router(web: Web) -> APIRouter:
     async def usage(request: Request):
         session = web.session(request)
         rows = await web.read(session, Reader.usage)
-        for r in rows:
-            price = config.prices.get(r["model"]) or Price()
-            cached = r["cached_input_tokens"]
-            r["cost_usd"] = ((r["input_tokens"] - cached) * price.input_per_mtok + cached * price.cached
-                             + r["output_tokens"] * price.output_per_mtok) / 1e6
+        for r in rows:  # priced as the ledger prices a request (whole micro-dollars)
+            r["cost_usd"] = micro_usd(r["input_tokens"], r["output_tokens"], config.prices.get(r["model"]),
+                                      r["cached_input_tokens"]) / 1e6
         tokens: dict[str, float] = {}
         cost: dict[str, float] = {}
         for r in rows:
@@ -69,10 +67,10 @@ def router(web: Web) -> APIRouter:
     @api.post("/ui/sql")
     async def sql_run(request: Request):
         session = web.session(request)
-        form = await request.form()
+        form = await web.form(request, session)
+        if form is None:
+            return web.expired(session)
         sql = str(form.get("sql", "")).strip()
-        if not web.sessions.csrf_ok(session, form.get("csrf")):
-            return web.page("error.html", session, 403, title="Forbidden", message="The form has expired; reload the page.")
         limit = config.ui.sql_max_rows
         try:
             table = await web.read(session, lambda r: r.table(sql, None, limit + 1))

@@ -54,9 +54,9 @@ def router(web: Web, keys: KeyStore | None) -> APIRouter:
     @api.post("/ui/logout")
     async def logout(request: Request):
         session = web.session(request)
-        form = await request.form()
-        if not web.sessions.csrf_ok(session, form.get("csrf")):
-            return web.page("error.html", session, 403, title="Forbidden", message="The form has expired; reload the page.")
+        form = await web.form(request, session)
+        if form is None:
+            return web.expired(session)
         response = RedirectResponse("/ui/login", status_code=303)
         response.delete_cookie(COOKIE, path="/ui")
         return response
@@ -96,9 +96,9 @@ def router(web: Web, keys: KeyStore | None) -> APIRouter:
     @api.post("/ui/traces/{trace_id}/feedback")
     async def feedback(request: Request, trace_id: str):
         session = web.session(request)
-        form = await request.form()
-        if not web.sessions.csrf_ok(session, form.get("csrf")):
-            return web.page("error.html", session, 403, title="Forbidden", message="The form has expired; reload the page.")
+        form = await web.form(request, session)
+        if form is None:
+            return web.expired(session)
         if await web.read(session, lambda r: r.trace(trace_id)) is None:
             return web.not_found(session, f"Trace {trace_id}")
         fields = {k: str(form.get(k)).strip() for k in ("name", "reward", "score", "label", "comment")

@@ -60,6 +60,14 @@ class Web:
                                        "img-src 'self' data:; frame-ancestors 'none'",
             "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"})
 
+    async def form(self, request: Request, session: UISession):
+        """The posted form, or None when it lacks this session's CSRF token."""
+        form = await request.form()
+        return form if self.sessions.csrf_ok(session, form.get("csrf")) else None
+
+    def expired(self, session: UISession) -> HTMLResponse:
+        return self.page("error.html", session, 403, title="Forbidden", message="The form has expired; reload the page.")
+
     def not_found(self, session: UISession, what: str) -> HTMLResponse:
         return self.page("error.html", session, 404, title="Not found",
                          message=f"{what} does not exist, or it is not your team's.")
