@@ -12,7 +12,8 @@ completion settles it at the real usage, so concurrent requests can never spend 
 Batch lines (the Batch API) are a lower priority class: they never wait in the queue (a full
 deployment sends them back to the batch scheduler to try later), are refused while an
 interactive request waits for that deployment, hold at most ``batch.share`` of its request
-slots (a second ledger), and cost ``batch_discount`` less.
+slots (a second ledger), start fewer at a time while interactive requests for their model are
+being served (:mod:`serve.batch.lanes`), and cost ``batch_discount`` less.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import math
 import uuid
 from dataclasses import dataclass
 
+from serve.batch.lanes import InteractiveSignal
 from serve.config import GatewayConfig, Price
 from serve.errors import APIError
 from serve.ledger import Ledger, Reservation
@@ -80,6 +82,7 @@ class Admission:
         self.batch_leases = Ledger(state, "fw:batch-lease", a.lease_ttl_s)
         self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s, persist=config.spend_file)
         self._waiting: dict[str, int] = {}
+        self.interactive = InteractiveSignal(state, config.batch.interactive_hold_s)
 
     def look(self) -> None:
         """Refresh what each ledger last saw of the shared state (see :meth:`Ledger.look`)."""
@@ -100,6 +103,7 @@ class Admission:
                 if lease is None and self.config.capacity.get(deployment) is not None:
                     raise self._full(deployment, "no free slot for a batch line")
             else:
+                self.interactive.seen(model)  # batch lines make room (serve/batch/lanes.py)
                 lease = await self._lease(deployment, prompt + completion)
         except BaseException:
             for res, ledger in ((budget, self.budgets), (batch_lease, self.batch_leases)):

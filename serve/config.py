@@ -93,9 +93,13 @@ class BatchConfig(StrictModel):
     """The Batch API (serve/batch/): limits on an input file, and how lines are scheduled."""
     max_lines: int = Field(50_000, ge=1, description="lines in one batch input file")
     max_file_bytes: int = Field(200 << 20, ge=1, description="size of one uploaded file")
-    concurrency: int = Field(4, ge=1, description="batch lines in flight on this replica (on the sim "
-                             "profile 4 already matches the direct path's best throughput; more only slows "
-                             "interactive requests)")
+    concurrency: int = Field(4, ge=1, description="batch lines in flight on this replica while no interactive "
+                             "request is being served (on the sim profile 4 already matches the direct path's "
+                             "best throughput)")
+    busy_concurrency: int = Field(1, ge=1, description="a model's batch lines in flight on this replica while "
+                                  "interactive requests for it are being served (serve/batch/lanes.py)")
+    interactive_hold_s: float = Field(2.0, gt=0, description="a model counts as serving interactive traffic "
+                                      "this long after any replica admitted an interactive request for it")
     share: float = Field(0.5, gt=0, le=1, description="of a deployment's capacity.max_requests, the most "
                          "batch lines may hold; they never queue for a slot an interactive request waits for")
     chunk_lines: int = Field(64, ge=1, description="lines a replica leases at once")

@@ -6,7 +6,8 @@ deployments, failover, metering, capture; the trace row carries ``batch_id`` and
 ``custom_id``) and appends the answers, group-committed, to its results file. A line's trace id
 is ``tr-<batch>-<line>``: after a crash, a line whose trace is stored but whose result was not
 yet written is answered from its trace instead of being run again, so no line runs twice to
-completion and none is lost. A line that finds no free capacity (batch lines never queue, see
+completion and none is lost. Lines start through :class:`serve.batch.lanes.Lanes`, fewer at a
+time while interactive requests for their model are being served. A line that finds no free capacity (batch lines never queue, see
 :mod:`serve.admission`) waits ``retry_s`` and tries again. When every chunk is done, one replica
 writes the output and error files; a cancel stops new lines at once and ends the batch once the
 lines in flight are answered.
@@ -20,6 +21,7 @@ import math
 import time
 
 from serve.batch.finish import finalize, traced_lines
+from serve.batch.lanes import Lanes
 from serve.batch.lines import ENDPOINTS, output_line
 from serve.capture import RequestContext
 from serve.config import GatewayConfig
@@ -36,7 +38,7 @@ class BatchRunner:
         self.cfg, self.traces_dir = config.batch, config.traces_dir
         self.store, self.files, self.forwarder = store, files, forwarder
         self.owner = f"{config.instance_name}/{new_lifetime()}"
-        self.slots = asyncio.Semaphore(self.cfg.concurrency)
+        self.lanes = Lanes(forwarder.admission.interactive, self.cfg.concurrency, self.cfg.busy_concurrency)
         self.cancelled: set[str] = set()
         self.chunk_tasks: dict[tuple[str, int], asyncio.Task] = {}
         self._lines: dict[str, list[dict]] = {}
@@ -54,6 +56,7 @@ class BatchRunner:
             await asyncio.sleep(self.cfg.poll_s)
 
     async def _tick(self) -> None:
+        await asyncio.to_thread(self.lanes.signal.sync, self.lanes.models())
         self.chunk_tasks = {k: t for k, t in self.chunk_tasks.items() if not t.done()}
         active = await asyncio.to_thread(self.store.active)
         ids = {b["id"] for b in active}
@@ -104,9 +107,9 @@ class BatchRunner:
             pending: list[dict] = []  # answered, not yet in the results file
             tasks = []
             for line in todo:
-                await self.slots.acquire()
+                await self.lanes.acquire(line["body"]["model"])
                 if bid in self.cancelled:
-                    self.slots.release()
+                    self.lanes.release(line["body"]["model"])
                     break
                 tasks.append(asyncio.create_task(self._run_line(batch, line, pending)))
             n_answered = sum(await asyncio.gather(*tasks))
@@ -132,7 +135,7 @@ class BatchRunner:
                 await asyncio.to_thread(self.store.append_results, batch["id"], self.owner, flushed)
             return True
         finally:
-            self.slots.release()
+            self.lanes.release(line["body"]["model"])
 
     async def _answer(self, batch: dict, line: dict) -> dict | None:
         """The line's result, or None if it was cancelled before it started."""
