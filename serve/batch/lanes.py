@@ -67,7 +67,6 @@ class Lanes:
                  recheck_s: float = 0.05):
         self.signal, self.concurrency, self.busy_concurrency = signal, concurrency, busy_concurrency
         self.recheck_s = recheck_s  # a hold ends by time passing, with no release to wake on
-        self.total = 0
         self.by_model: dict[str, int] = {}
         self.waiting: dict[str, int] = {}
         self._freed = asyncio.Event()
@@ -77,7 +76,7 @@ class Lanes:
         return {m for m, n in self.by_model.items() if n} | {m for m, n in self.waiting.items() if n}
 
     def _fits(self, model: str) -> bool:
-        if self.total >= self.concurrency:
+        if sum(self.by_model.values()) >= self.concurrency:
             return False
         return not self.signal.busy(model) or self.by_model.get(model, 0) < self.busy_concurrency
 
@@ -92,10 +91,8 @@ class Lanes:
                     pass
         finally:
             self.waiting[model] -= 1
-        self.total += 1
         self.by_model[model] = self.by_model.get(model, 0) + 1
 
     def release(self, model: str) -> None:
-        self.total -= 1
         self.by_model[model] -= 1
         self._freed.set()

@@ -7,10 +7,10 @@ deployments, failover, metering, capture; the trace row carries ``batch_id`` and
 is ``tr-<batch>-<line>``: after a crash, a line whose trace is stored but whose result was not
 yet written is answered from its trace instead of being run again, so no line runs twice to
 completion and none is lost. Lines start through :class:`serve.batch.lanes.Lanes`, fewer at a
-time while interactive requests for their model are being served. A line that finds no free capacity (batch lines never queue, see
-:mod:`serve.admission`) waits ``retry_s`` and tries again. When every chunk is done, one replica
-writes the output and error files; a cancel stops new lines at once and ends the batch once the
-lines in flight are answered.
+time while interactive requests for their model are being served. A line that finds no free
+capacity (batch lines never queue, see :mod:`serve.admission`) waits ``retry_s`` and tries again.
+When every chunk is done, one replica writes the output and error files; a cancel stops new
+lines at once and ends the batch once the lines in flight are answered.
 """
 
 from __future__ import annotations
