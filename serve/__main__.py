@@ -24,7 +24,9 @@ def main() -> None:
         app = create_app(config)  # replays what a previous process of this instance left
     except SpoolLocked as exc:
         raise SystemExit(f"gateway {config.instance_name!r} cannot start: {exc}") from None
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False)
+    # no proxy headers: clients reach the gateway directly, and a forwarded-for from them means nothing
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
+                proxy_headers=False)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,13 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from pydantic import ValidationError
 
 from serve import engine_admin, feedback_api, trace_query, ui, weights
 from serve.admission import Admission
 from serve.affinity import Affinity
-from serve.auth import Caller, authenticate, require_admin
+from serve.auth import Caller, authenticate, authenticate_headers, require_admin
 from serve.batch import api as batch_api
 from serve.batch.runner import BatchRunner
 from serve.body_limit import BodyLimit
@@ -29,7 +30,8 @@ from serve.breaker import STATE_CODES, Breakers
 from serve.capture import RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute, Price
 from serve.errors import APIError, install_error_handlers, invalid_request, model_not_found
-from serve.forward import Forwarder
+from serve.forward import Forwarder, Stream
+from serve.hot_path import HotPath
 from serve.keys import KeyStore
 from serve.metrics import Metrics
 from serve.routes import RouteTable
@@ -70,7 +72,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-        app.state.http = forwarder.http = upstream_client(httpx.Timeout(config.upstream_timeout_s, connect=5), limits)
+        app.state.http = upstream_client(httpx.Timeout(config.upstream_timeout_s, connect=5), limits)
         follower = asyncio.create_task(_follow_routes(routes, state, admission, config.routes_poll_s)) if config.redis_url else None
         scheduler = asyncio.create_task(batch_runner.run())
         yield
@@ -78,9 +80,21 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         if follower is not None:
             follower.cancel()
         await app.state.http.aclose()
+        await forwarder.pool.aclose()
         writer.close()
 
+    async def serve(operation: str, headers: dict[str, str], raw: bytes):
+        """A completion request, from its raw body to the client's answer (the hot path)."""
+        caller = authenticate_headers(headers, config, keys)
+        body = _parse_json(raw)
+        try:
+            REQUEST_MODELS[operation].model_validate(body)
+        except ValidationError as exc:
+            raise invalid_request(exc.errors()) from None
+        return await forwarder.forward(operation, body, _context(routes, headers, operation, body, caller))
+
     app = FastAPI(title="Flywheel gateway", lifespan=lifespan)
+    app.add_middleware(HotPath, serve=serve)  # inside BodyLimit (added last, so outermost)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.writer, app.state.routes, app.state.admission = writer, routes, admission
     install_error_handlers(app)
@@ -162,7 +176,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         except ValidationError as exc:
             raise invalid_request(exc.errors()) from None
         body = req.completion_body()
-        data, headers = await forwarder.forward("generate", body, _context(request, "generate", body, caller))
+        data, headers = await forwarder.forward("generate", body, _context(routes, request.headers, "generate", body, caller))
         return JSONResponse(generate_response(data), headers=headers)
 
     @app.get("/admin/models")
@@ -206,15 +220,10 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         return {"deleted": alias}
 
     async def _serve(request: Request, operation: str):
-        caller = caller_of(request)
-        body = await _json_body(request)
-        try:
-            REQUEST_MODELS[operation].model_validate(body)
-        except ValidationError as exc:
-            raise invalid_request(exc.errors()) from None
-        result, headers = await forwarder.forward(operation, body, _context(request, operation, body, caller))
-        if isinstance(result, StreamingResponse):
-            return result
+        """The same as the hot path, for an ASGI caller that reaches the route itself."""
+        result, headers = await serve(operation, {k: v for k, v in request.headers.items()}, await request.body())
+        if isinstance(result, Stream):
+            return StreamingResponse(result.body, media_type="text/event-stream", headers=headers)
         return JSONResponse(result, headers=headers)
 
     return app
@@ -238,7 +247,10 @@ async def _follow_routes(routes: RouteTable, state: SharedState, admission: Admi
 
 
 async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+    return _parse_json(await request.body())
+
+
+def _parse_json(raw: bytes) -> Any:
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -248,10 +260,10 @@ async def _json_body(request: Request) -> Any:
     return body
 
 
-def _context(request: Request, operation: str, body: dict, caller: Caller) -> RequestContext:
-    h = request.headers
+def _context(routes: RouteTable, h: Headers | dict[str, str], operation: str, body: dict,
+             caller: Caller) -> RequestContext:
     return RequestContext.for_route(
-        request.app.state.routes.get(body["model"]), new_trace_id(), operation, body,
+        routes.get(body["model"]), new_trace_id(), operation, body,
         team=caller.team, api_key_id=caller.key_id,
         session_id=h.get("x-session-id"), parent_trace_id=h.get("x-parent-trace-id"),
         env_id=h.get("x-env-id"), example_id=h.get("x-example-id"),

@@ -4,6 +4,7 @@ optional (the local profile)."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -22,7 +23,12 @@ class Caller:
 
 
 def bearer(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
+    return bearer_of(request.headers)
+
+
+def bearer_of(headers: Mapping[str, str]) -> str | None:
+    """The key in an ``Authorization: Bearer`` header (``headers`` with lower-case names)."""
+    auth = headers.get("authorization", "")
     return auth[7:].strip() or None if auth[:7].lower() == "bearer " else None
 
 
@@ -56,7 +62,11 @@ def caller_for_key(key: str | None, config: GatewayConfig, keys: KeyStore | None
 
 
 def authenticate(request: Request, config: GatewayConfig, keys: KeyStore | None) -> Caller:
-    key = bearer(request)
+    return authenticate_headers(request.headers, config, keys)
+
+
+def authenticate_headers(headers: Mapping[str, str], config: GatewayConfig, keys: KeyStore | None) -> Caller:
+    key = bearer_of(headers)
     caller = caller_for_key(key, config, keys)
     if caller is not None:
         return caller

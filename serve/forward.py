@@ -16,10 +16,10 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
+from dataclasses import dataclass
 
-import httpx
-from fastapi.responses import StreamingResponse
+import msgspec
 
 from serve.admission import Admission, Admitted
 from serve.affinity import Affinity
@@ -34,6 +34,7 @@ from serve.tools.definitions import Bounds, parse_tools
 from serve.tools.grammar import grammar_for
 from serve.tools.response import StreamTransformer, transform_message
 from serve.upstream import Rewrite, upstream_error
+from serve.upstream_pool import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
 from traces.writer import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,27 @@ def upstream_headers(ctx: RequestContext) -> dict[str, str]:
     return {"x-dynamo-session-id": ctx.session_id} if ctx.session_id else {}
 
 
+@dataclass
+class Stream:
+    """A streamed answer: its headers, and the SSE bytes to send as they come."""
+
+    headers: dict[str, str]
+    body: AsyncIterator[bytes]
+
+
+def _decode(data: bytes):
+    """One JSON value; msgspec's decoder is several times faster than json's on stream chunks,
+    json's is the fallback for what strict JSON lacks (NaN, Infinity) and says what is wrong."""
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return json.loads(data)
+
+
+def _event(obj) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
 class _Retryable(Exception):
     def __init__(self, error: APIError, outcome: Outcome):
         self.error, self.outcome = error, outcome
@@ -61,7 +83,7 @@ class Forwarder:
         self.config, self.routes, self.writer = config, routes, writer
         self.admission, self.breakers, self.affinity, self.metrics = admission, breakers, affinity, metrics
         self.bounds = Bounds(config.tools.max_string_length, config.tools.max_array_items)
-        self.http: httpx.AsyncClient | None = None
+        self.pool = UpstreamPool(read_timeout=config.upstream_timeout_s)
 
     async def durable(self, record: dict) -> None:
         """Store the trace of a request that fails anyway: a failing disk is logged, and the
@@ -87,7 +109,7 @@ class Forwarder:
         return self.affinity.order(session, deps, healthy)
 
     async def forward(self, operation: str, body: dict, ctx: RequestContext):
-        """Returns the client's view (a dict, or a StreamingResponse) and the headers to send."""
+        """Returns the client's view (a dict, or a :class:`Stream`) and the headers to send."""
         route = self.routes.get(body["model"])
         if route is None:
             raise model_not_found(body["model"])
@@ -161,30 +183,32 @@ class Forwarder:
     async def _send(self, dep_name: str, operation: str, body: dict, rewrite: Rewrite,
                     capture: Capture, admitted: Admitted, tool_req):
         dep = self.config.deployment(dep_name)
-        url = dep.url + ENDPOINTS[operation]
         stream = bool(body.get("stream"))
+        payload = msgspec.json.encode(rewrite.upstream_body)
         t0 = capture.sent_mono = time.monotonic()
         try:
             upstream = await asyncio.wait_for(
-                self.http.send(self.http.build_request("POST", url, json=rewrite.upstream_body,
-                                                       headers=upstream_headers(capture.ctx)), stream=True),
+                self.pool.post(dep.url, ENDPOINTS[operation], payload, upstream_headers(capture.ctx)),
                 # A stream's headers come with its first token; a unary response's come only with
                 # the whole body, so a first-token timeout there would fail over a long request
                 # that is running fine and run it twice. Unary requests fail over on connect
                 # errors and 5xx, and are bounded by upstream_timeout_s.
                 timeout=self.config.first_token_timeout_s if stream else None)
-        except (httpx.HTTPError, asyncio.TimeoutError) as exc:
-            timed_out = isinstance(exc, (asyncio.TimeoutError, httpx.TimeoutException))
+        except (UpstreamError, asyncio.TimeoutError) as exc:
+            timed_out = isinstance(exc, (asyncio.TimeoutError, UpstreamTimeout))
             outcome = Outcome.TIMEOUT if timed_out else Outcome.UNREACHABLE
             self.settle(dep_name, outcome)
             what = "sent no first token in time" if timed_out else "is unreachable"
-            raise _Retryable(APIError(503, f"deployment {dep_name!r} {what}: {type(exc).__name__}",
+            raise _Retryable(APIError(503, f"deployment {dep_name!r} {what}: {type(exc).__name__}: {exc}",
                                       type="server_error"), outcome) from None
-        if upstream.status_code != 200:
-            text = (await upstream.aread()).decode(errors="replace")
-            await upstream.aclose()
-            err = upstream_error(upstream.status_code, text)
-            if upstream.status_code >= 500:
+        if upstream.status != 200:
+            try:
+                text = (await upstream.read()).decode(errors="replace")
+            except UpstreamError as exc:
+                text = f"(the error body broke off: {exc})"
+            upstream.close()
+            err = upstream_error(upstream.status, text)
+            if upstream.status >= 500:
                 self.settle(dep_name, Outcome.UPSTREAM_ERROR)
                 raise _Retryable(err, Outcome.UPSTREAM_ERROR)
             self.settle(dep_name, Outcome.REFUSED)  # the deployment is fine; the request was not
@@ -194,21 +218,20 @@ class Forwarder:
         if not stream:
             return await self._unary(dep_name, upstream, rewrite, capture, admitted, tool_req)
         tools = StreamTransformer(tool_req) if tool_req is not None else None
-        return StreamingResponse(self._relay(dep_name, upstream, capture, rewrite, admitted, tools),
-                                 media_type="text/event-stream",
-                                 headers={"X-Trace-ID": capture.ctx.trace_id, "X-Deployment": dep_name})
+        return Stream({"X-Trace-ID": capture.ctx.trace_id, "X-Deployment": dep_name},
+                      self._relay(dep_name, upstream, capture, rewrite, admitted, tools))
 
     async def _unary(self, dep_name, upstream, rewrite, capture, admitted, tool_req) -> dict:
         ctx = capture.ctx
         try:
-            data = json.loads(await upstream.aread())
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            data = _decode(await upstream.read())
+        except (UpstreamError, json.JSONDecodeError) as exc:
             outcome = Outcome.MALFORMED if isinstance(exc, json.JSONDecodeError) else Outcome.UPSTREAM_ERROR
             self.settle(dep_name, outcome)
             raise _Retryable(APIError(502, f"deployment {dep_name!r} sent a broken response: {exc}",
                                       type="server_error"), outcome) from None
         finally:
-            await upstream.aclose()
+            upstream.close()
         capture.on_response(data)
         self._first_token_metrics(dep_name, capture)
         try:
@@ -229,21 +252,21 @@ class Forwarder:
         self.metrics.served(ctx.alias, ctx.team, data.get("usage"))
         return rewrite.client_view(data, ctx.alias)
 
-    async def _relay(self, dep_name: str, upstream: httpx.Response, capture: Capture, rewrite: Rewrite,
+    async def _relay(self, dep_name: str, upstream: UpstreamResponse, capture: Capture, rewrite: Rewrite,
                      admitted: Admitted, tools: StreamTransformer | None):
         ctx = capture.ctx
         error: str | None = "client disconnected before the stream ended"
         outcome, event, recorded = Outcome.CLIENT_GONE, None, False
         renewer = asyncio.create_task(self._renew(admitted))
         try:
-            async for line in upstream.aiter_lines():
-                if line.startswith("event:"):
-                    event = line[6:].strip()
+            async for line in upstream.lines():
+                if line.startswith(b"event:"):
+                    event = line[6:].strip().decode(errors="replace")
                     continue
-                if not line.startswith("data:"):
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     if tools is not None:
                         capture.set_output(*tools.output())
                     recorded = True
@@ -251,21 +274,26 @@ class Forwarder:
                         await self.acknowledge(capture.record(200, outcome=Outcome.OK))
                     except APIError as err:
                         error, outcome = err.message, Outcome.NOT_DURABLE
-                        yield f"data: {json.dumps(err.body())}\n\n"
+                        yield _event(err.body())
                         break
                     error, outcome = None, Outcome.OK
-                    yield "data: [DONE]\n\n"
+                    yield b"data: [DONE]\n\n"
                     break
                 try:
-                    obj = json.loads(data)
-                except json.JSONDecodeError as exc:  # the deployment's fault, not the client's leaving
+                    obj = _decode(data)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # the deployment's fault
                     error = f"deployment {dep_name!r} sent a malformed stream event ({exc}): {data[:200]!r}"
+                    outcome = Outcome.MALFORMED
+                    yield error_event(error)
+                    break
+                if not isinstance(obj, dict):
+                    error = f"deployment {dep_name!r} sent a stream event that is not an object: {data[:200]!r}"
                     outcome = Outcome.MALFORMED
                     yield error_event(error)
                     break
                 if event == "error" or "error" in obj:
                     error, outcome = json.dumps(obj.get("error", obj)), Outcome.UPSTREAM_ERROR
-                    yield f"data: {json.dumps({'error': obj.get('error', obj)})}\n\n"
+                    yield _event({"error": obj.get("error", obj)})
                     break
                 capture.on_chunk(obj)
                 if tools is not None:
@@ -273,21 +301,21 @@ class Forwarder:
                         obj = tools.chunk(obj)
                     except APIError as err:
                         error, outcome = err.message, Outcome.INVALID_TOOL_CALL
-                        yield f"data: {json.dumps(err.body())}\n\n"
+                        yield _event(err.body())
                         break
                 view = rewrite.client_view(obj, ctx.alias)
                 if view is not None:
-                    yield f"data: {json.dumps(view)}\n\n"
+                    yield _event(view)
             else:
                 error, outcome = "the deployment ended the stream without [DONE]", Outcome.UPSTREAM_ERROR
                 yield error_event(error)
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             error = f"deployment {dep_name!r} failed mid-stream: {type(exc).__name__}: {exc}"
-            outcome = Outcome.TIMEOUT if isinstance(exc, httpx.TimeoutException) else Outcome.UPSTREAM_ERROR
+            outcome = Outcome.TIMEOUT if isinstance(exc, UpstreamTimeout) else Outcome.UPSTREAM_ERROR
             yield error_event(error)
         finally:
             renewer.cancel()
-            await upstream.aclose()
+            upstream.close()
             self.settle(dep_name, outcome)
             if not recorded:
                 self.writer.submit(capture.record(200, error, outcome))
@@ -321,5 +349,5 @@ def trace_store_unavailable(exc: BaseException) -> APIError:
                     type="server_error", code="trace_store_unavailable")
 
 
-def error_event(message: str) -> str:
-    return "data: " + json.dumps(APIError(502, message, type="server_error").body()) + "\n\n"
+def error_event(message: str) -> bytes:
+    return _event(APIError(502, message, type="server_error").body())

@@ -7,7 +7,6 @@ response it would have got from the deployment directly, under the model name it
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -24,9 +23,13 @@ class Rewrite:
                  grammar: str | None = None):
         self.client_body = body
         self.operation = operation
-        up = copy.deepcopy(body)
+        # only top-level keys and nvext change: a shallow copy, never a copy of the messages (a
+        # long agentic prompt would be copied once per request for nothing)
+        up = dict(body)
         up["model"] = upstream_model
-        nvext = up.setdefault("nvext", {})
+        if not isinstance(body.get("nvext") or {}, dict):
+            raise APIError(400, "nvext must be an object", param="nvext")
+        nvext = up["nvext"] = dict(body.get("nvext") or {})
         asked = list(nvext.get("extra_fields") or [])
         self.client_nvext_fields = set(asked)
         nvext["extra_fields"] = asked + [f for f in CAPTURE_FIELDS if f not in asked]
