@@ -1,0 +1,62 @@
+"""Sending: the rewritten request to the chosen deployment, up to its response's headers.
+
+A stream's headers come with its first token, so for a stream this waits at most
+``first_token_timeout_s``; a unary response's come only with the whole body, and a first-token
+timeout there would fail over a long request that is running fine and run it twice: unary
+requests fail over on connect errors and 5xx, and are bounded by ``upstream_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+
+from serve.attempt import Attempt, AttemptFailed
+from serve.capture import RequestContext
+from serve.errors import APIError
+from serve.outcome import Outcome
+from serve.upstream import upstream_error
+from serve.upstream_pool import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
+
+# operation -> the deployment endpoint that serves it (token-in/token-out runs as a completion
+# whose prompt is token ids)
+ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions",
+             "generate": "/v1/completions"}
+
+
+def upstream_headers(ctx: RequestContext) -> dict[str, str]:
+    """The session travels on as Dynamo's session id: with session affinity on, the deployment's
+    router keeps the session on the worker that holds its KV cache."""
+    return {"x-dynamo-session-id": ctx.session_id} if ctx.session_id else {}
+
+
+async def send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: float) -> UpstreamResponse:
+    """The deployment's 200 response, its body still to come. Anything else is an
+    :class:`AttemptFailed`: unreachable, timeout and 5xx retryable, a 4xx the request's own."""
+    dep, capture = attempt.deployment, attempt.capture
+    payload = msgspec.json.encode(attempt.rewrite.upstream_body)
+    capture.sent_mono = time.monotonic()
+    try:
+        upstream = await asyncio.wait_for(
+            pool.post(dep.url, ENDPOINTS[attempt.operation], payload, upstream_headers(capture.ctx)),
+            timeout=first_token_timeout_s if attempt.stream else None)
+    except (UpstreamError, asyncio.TimeoutError) as exc:
+        timed_out = isinstance(exc, (asyncio.TimeoutError, UpstreamTimeout))
+        what = "sent no first token in time" if timed_out else "is unreachable"
+        raise AttemptFailed(APIError(503, f"deployment {dep.name!r} {what}: {type(exc).__name__}: {exc}",
+                                     type="server_error"),
+                            Outcome.TIMEOUT if timed_out else Outcome.UNREACHABLE) from None
+    if upstream.status == 200:
+        return upstream
+    try:
+        text = (await upstream.read()).decode(errors="replace")
+    except UpstreamError as exc:
+        text = f"(the error body broke off: {exc})"
+    finally:
+        upstream.close()
+    err = upstream_error(upstream.status, text)
+    if upstream.status >= 500:
+        raise AttemptFailed(err, Outcome.UPSTREAM_ERROR)
+    raise AttemptFailed(err, Outcome.REFUSED, retryable=False)  # the deployment is fine; the request was not
