@@ -5,9 +5,9 @@ newlines between the parts). Values are typed by the tool's schema, fixing what 
 parsers get wrong:
 
 - values are taken as written: ``&lt;`` stays ``&lt;`` (no HTML unescaping);
-- a value whose schema allows only strings stays a string even if it looks like JSON;
-- for nullable and union types the JSON reading wins when it is an allowed type, so ``null``
-  is JSON null, not the string "null", and ``42`` is a number where numbers are allowed;
+- a value whose schema allows only strings is raw text, even if it looks like JSON; any other
+  value is JSON (``serve.tools.arg_values``, the rule the grammar is built with), so under a
+  nullable or union type ``null`` is JSON null and ``"null"`` the string;
 - a key without ``<arg_value>``, markup inside a name, or a call left open is an error,
   never an empty ``{}``.
 
@@ -23,12 +23,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from serve.tools.arg_values import JSON_TYPES, allowed_types, argument_schema, written_raw
 from serve.tools.definitions import NAME_RE, ToolRequest
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY_OPEN, KEY_CLOSE, VAL_OPEN, VAL_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
-_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
-               int: "integer", float: "number"}
 
 
 class ToolCallParseError(ValueError):
@@ -48,51 +47,18 @@ class ToolCall:
         return out
 
 
-def _resolve(schema: Any, root: dict) -> Any:
-    seen = 0
-    while isinstance(schema, dict) and "$ref" in schema and seen < 64:
-        target: Any = root
-        for part in schema["$ref"][2:].split("/"):
-            target = target[part.replace("~1", "/").replace("~0", "~")]
-        schema, seen = target, seen + 1
-    return schema
-
-
-def allowed_types(schema: Any, root: dict) -> set[str] | None:
-    """JSON types a value may take under ``schema``; None when anything goes."""
-    schema = _resolve(schema, root)
-    if not isinstance(schema, dict):
-        return None
-    if "const" in schema:
-        return {_JSON_TYPES[type(schema["const"])]}
-    if "enum" in schema:
-        return {_JSON_TYPES[type(v)] for v in schema["enum"]}
-    t = schema.get("type")
-    if t is not None:
-        types = set(t) if isinstance(t, list) else {t}
-        return types | ({"integer"} if "number" in types else set())
-    branches = schema.get("anyOf") or schema.get("oneOf")
-    if branches:
-        out: set[str] = set()
-        for b in branches:
-            bt = allowed_types(b, root)
-            if bt is None:
-                return None
-            out |= bt
-        return out
-    return None
-
-
 def _typed_value(raw: str, schema: Any, root: dict) -> Any:
+    """A value as the grammar wrote it (``written_raw``); JSON that is not JSON, or not of an
+    allowed type, can only come from an unconstrained model and is kept as the string written."""
     text = raw.strip()
-    types = allowed_types(schema, root)
-    if types == {"string"}:
+    if written_raw(schema, root):
         return text
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        return text  # not JSON: a string (if strings are not allowed, validation says so)
-    kind = _JSON_TYPES[type(value)]
+        return text  # GLM's template writes strings raw: a string (validation judges it)
+    types = allowed_types(schema, root)
+    kind = JSON_TYPES[type(value)]
     if types is None or kind in types or (kind == "integer" and "number" in types):
         return value
     return text
@@ -117,7 +83,6 @@ def parse_call(block: str, req: ToolRequest | None) -> ToolCall:
         raise ToolCallParseError(f"malformed tool name {name[:80]!r} (markup or text leaked into it)")
     tool = req.by_name().get(name) if req else None
     root = tool.parameters if tool else {}
-    props = root.get("properties", {}) if isinstance(root, dict) else {}
     args: dict[str, Any] = {}
     rest = sep + rest
     while rest.strip():
@@ -129,7 +94,7 @@ def parse_call(block: str, req: ToolRequest | None) -> ToolCall:
                                f"<arg_value> of {key!r} in {name!r} is not closed")
         if key in args:
             raise ToolCallParseError(f"argument {key!r} of {name!r} given twice")
-        args[key] = _typed_value(value, props.get(key, {}), root)
+        args[key] = _typed_value(value, argument_schema(root, key), root)
     return ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
 
 

@@ -4,11 +4,12 @@ The structural tag describes the GLM tool-call format, in either layout:
 ``glm47`` writes ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>``
 inline; ``glm45`` puts a newline between the parts. Only declared names can follow
 ``<tool_call>``, and each tool's arguments follow its (bounded) JSON Schema in GLM's XML style
-(string values raw, everything else JSON). ``tool_choice``: ``auto`` allows text and calls,
-``required`` allows only calls (at least one), a named choice allows only that tool, ``none``
-allows text with no tool-call markup at all; ``parallel_tool_calls: false`` stops after the
-first call. Dynamo passes EBNF to vLLM as ``guided_grammar`` (it rejects a structural-tag
-``response_format``), so the tag is compiled to EBNF here, once per distinct tool set.
+(values of string-only arguments raw, everything else JSON: ``serve.tools.arg_values``).
+``tool_choice``: ``auto`` allows text and calls, ``required`` allows only calls (at least one),
+a named choice allows only that tool, ``none`` allows text with no tool-call markup at all;
+``parallel_tool_calls: false`` stops after the first call. Dynamo passes EBNF to vLLM as
+``guided_grammar`` (it rejects a structural-tag ``response_format``), so the tag is compiled to
+EBNF here, once per distinct tool set.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ import re
 import pytest
 import xgrammar as xgr
 
-from serve.tools.definitions import Bounds, parse_tools, raw_string_pattern, validate_call
+from serve.tools.charsets import raw_string_pattern
+from serve.tools.definitions import Bounds, parse_tools, validate_call
 from serve.tools.grammar import grammar_for
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

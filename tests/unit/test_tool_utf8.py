@@ -8,7 +8,7 @@ point (an EBNF class takes any lead byte C0-F7 and the continuation bytes it ann
 forms, surrogates and values past U+10FFFF get through, each counts as one character towards
 ``maxLength``, and decodes to several U+FFFD (the reported ``'opbufmmDe\\ufffd\\ufffd\\ufffd\\ufffd'``
 for a ``maxLength: 10`` argument). The bounded schemas therefore write strings as positive ranges
-of Unicode scalar values (``serve.tools.definitions.scalar_class``), which xgrammar compiles to
+of Unicode scalar values (``serve.tools.charsets.scalar_class``), which xgrammar compiles to
 exactly the well-formed encodings. These tests drive the real matcher with a Hugging Face
 byte-level tokenizer, on the EBNF the gateway sends to vLLM.
 """
@@ -131,7 +131,10 @@ def accepts(vocab: Vocab, req, parts) -> bool:
 
 # Argument kinds: (schema, how a value is written between <arg_value> tags, bounds).
 KINDS = {
-    "raw, nullable, maxLength 10": ({"type": ["string", "null"], "maxLength": 10}, lambda v: [v], Bounds()),
+    "raw, maxLength 10": ({"type": "string", "maxLength": 10}, lambda v: [v], Bounds()),
+    "json, nullable, maxLength 10": ({"type": ["string", "null"], "maxLength": 10}, lambda v: ['"', v, '"'], Bounds()),
+    "json, anyOf string|integer": ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, lambda v: ['"', v, '"'],
+                                   Bounds()),
     "raw, default bound": ({"type": "string"}, lambda v: [v], Bounds()),
     "raw, bound switched off": ({"type": "string"}, lambda v: [v], Bounds(max_string_length=None)),
     "raw, minLength only": ({"type": "string", "minLength": 1}, lambda v: [v], Bounds(max_string_length=None)),
@@ -228,7 +231,7 @@ def test_the_matcher_never_takes_a_stray_or_unfinished_sequence(vocab, kind):
 
 
 def test_after_a_lead_byte_only_its_continuation_bytes_are_allowed(vocab):
-    req = tool_req({"a": {"type": ["string", "null"], "maxLength": 10}})
+    req = tool_req({"a": {"type": "string", "maxLength": 10}})
 
     def high(ids):  # the single-byte pieces above 0x7F among ids
         return {vocab.pieces[i][0] for i in ids if len(vocab.pieces[i]) == 1 and vocab.pieces[i][0] >= 0x80}
@@ -282,17 +285,20 @@ def test_the_reported_value_is_refused(vocab):
     req = tool_req({"note": {"type": ["string", "null"], "maxLength": 10}})
     value = b"opbufmmDe\xf5\x80\x80\x80"
     assert value.decode("utf-8", "replace") == "opbufmmDe\ufffd\ufffd\ufffd\ufffd"  # 13 characters
-    assert not accepts(vocab, req, call("note", value))
-    assert accepts(vocab, req, call("note", "opbufmmDe€")) and accepts(vocab, req, call("note", "null"))
+    # (a nullable string is written as JSON: serve.tools.arg_values)
+    assert not accepts(vocab, req, call("note", b'"' + value + b'"'))
+    assert accepts(vocab, req, call("note", '"opbufmmDe€"')) and accepts(vocab, req, call("note", "null"))
 
 
 @pytest.mark.parametrize("ch", ["é", "中", "😀"])
 def test_bounds_count_characters_not_bytes(vocab, ch):
-    raw = tool_req({"a": {"type": ["string", "null"], "minLength": 2, "maxLength": 10}})
+    raw = tool_req({"a": {"type": "string", "minLength": 2, "maxLength": 10}})
+    nullable = tool_req({"a": {"type": ["string", "null"], "minLength": 2, "maxLength": 10}})
     nested = tool_req({"a": {"type": "object", "properties": {"t": {"type": "string", "minLength": 2, "maxLength": 10}},
                              "required": ["t"]}})
     for n, ok in [(1, False), (2, True), (10, True), (11, False)]:
         assert accepts(vocab, raw, call("a", ch * n)) == ok, (ch, n)
+        assert accepts(vocab, nullable, call("a", '"', ch * n, '"')) == ok, (ch, n)
         assert accepts(vocab, nested, call("a", '{"t": "', ch * n, '"}')) == ok, (ch, n)
 
 
@@ -334,12 +340,13 @@ def test_patterns_with_u_escapes_are_code_points(vocab):
     bounded = tool_req({"a": {"type": "object", "properties": {"t": {"type": "string"}}}, "b": {"type": "string"}})
     json_like = re.compile(bounded.tools[0].grammar_schema["properties"]["a"]["properties"]["t"]["pattern"])
     raw_like = re.compile(bounded.tools[0].grammar_schema["properties"]["b"]["pattern"])
-    assert json_like.match("aé中😀\x7f<") and not json_like.match('a"') and not json_like.match("a\x1f")
+    assert json_like.match("aé中😀\x7f") and not json_like.match('a"') and not json_like.match("a\x1f")
+    assert not json_like.match("a<")  # no markup inside <arg_value>, JSON-encoded or not
     assert raw_like.match("aé中😀\x1f\"b") and not raw_like.match("a<b") and not raw_like.match(" a")
 
 
 def test_scalar_class_is_every_scalar_value_but_the_excluded_ones():
-    from serve.tools.definitions import STRIPPED_WHITESPACE, scalar_class
+    from serve.tools.charsets import STRIPPED_WHITESPACE, scalar_class
 
     cls = re.compile(f"^{scalar_class('<' + STRIPPED_WHITESPACE)}$")
     assert {c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and not cls.match(chr(c))} == \
@@ -353,10 +360,18 @@ WORDS = ["café", "naïve", "Zürich", "日本", "中文", "😀", "ok", "e\u030
 
 
 def random_schema(rng: random.Random, depth: int = 0) -> dict:
-    kinds = ["string", "string", "string", "nullable", "enum", "const", "pattern", "integer", "boolean"]
+    kinds = ["string", "string", "string", "nullable", "enum", "const", "pattern", "integer", "boolean", "untyped"]
     if depth < 2:
         kinds += ["object", "array", "anyOf"]
+    if depth == 0:  # where xgrammar's GLM style would write a union's strings raw
+        kinds += ["union", "union", "union", "nullable", "mixed enum"]
     kind = rng.choice(kinds)
+    if kind == "union":
+        return random_union(rng)
+    if kind == "untyped":
+        return {}
+    if kind == "mixed enum":
+        return {"enum": rng.sample(WORDS, 2) + rng.sample([1, None, True, "null"], 2)}
     if kind in ("string", "nullable"):
         s = {"type": "string" if kind == "string" else ["string", "null"]}
         if rng.random() < 0.7:
@@ -383,6 +398,24 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
         return {"type": "array", "items": random_schema(rng, depth + 1), "maxItems": 2}
     return {"anyOf": [{"type": "string", "maxLength": rng.randint(1, 5)},
                       {"type": "integer", "minimum": 0, "maximum": 9}]}
+
+
+def random_union(rng: random.Random) -> dict:
+    """A union with a string branch; its maxLength is sometimes long enough for markup (12 bytes)."""
+    string = {"type": "string"}
+    if rng.random() < 0.8:
+        string["maxLength"] = rng.choice([rng.randint(1, 6), 16])
+    if rng.random() < 0.3:
+        string["minLength"] = rng.randint(0, min(string.get("maxLength", 3), 3))
+    small = {"type": "integer", "minimum": 0, "maximum": 99}
+    return rng.choice([
+        {"type": ["string", "integer"], **string, **{k: v for k, v in small.items() if k != "type"}},
+        {"type": ["string", "null"], **{k: v for k, v in string.items() if k != "type"}},
+        {"anyOf": [string, {"type": "null"}]},
+        {"anyOf": [string, small]},
+        {"oneOf": [string, {"type": "boolean"}]},
+        {"anyOf": [{"enum": rng.sample(WORDS, 2)}, {"type": "array", "items": string, "maxItems": 2}]},
+    ])
 
 
 def random_walk(vocab: Vocab, m: xgr.GrammarMatcher, rng: random.Random, max_steps: int = 300) -> bytes | None:
