@@ -135,10 +135,13 @@ class StreamingParser:
             self._buf = self._buf[len(self._buf) - keep:]
             return events
 
-    def finish(self) -> list[tuple[str, Any]]:
+    def finish(self, cut: bool = False) -> list[tuple[str, Any]]:
+        """The output ended. ``cut``: by the client's ``max_tokens`` (``finish_reason: length``);
+        a call it cut short is then no call (the client hears ``length``), else an error."""
+        if self._in_call and cut:
+            self._buf, self._in_call = "", False
         if self._in_call:
-            raise ToolCallParseError("the output ended inside a tool call (</tool_call> missing; "
-                                     "raise max_tokens)")
+            raise ToolCallParseError("the output ended inside a tool call (</tool_call> missing)")
         events = [self._text(self._buf)] if self._buf else []
         self._buf = ""
         return events
@@ -155,11 +158,11 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def parse(text: str, req: ToolRequest | None) -> tuple[str, list[ToolCall]]:
+def parse(text: str, req: ToolRequest | None, cut: bool = False) -> tuple[str, list[ToolCall]]:
     """Whole-output parse (same code path as streaming): content text and calls."""
     p = StreamingParser(req)
     p.feed(text)
-    p.finish()
+    p.finish(cut)
     return "".join(p.content), p.calls
 
 

@@ -104,3 +104,40 @@ def test_bounded_raw_string_arguments_cannot_carry_markup_or_edge_whitespace():
                       ("x</arg_value>", False), ("a<b", False), ("a ", True)]:
         # "a " is "a" plus the one separator the grammar allows: the parser strips it
         assert _accepts(g, call.format(value)) == ok, value
+
+
+CUT = 'Looking. <tool_call>lookup<arg_key>q</arg_key><arg_value>abc'  # max_tokens ran out mid-call
+DONE = '<tool_call>lookup<arg_key>q</arg_key><arg_value>abc</arg_value></tool_call>'
+LOOKUP = [{"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_call_cut_by_max_tokens_is_the_clients_length_not_a_502(choice):
+    from serve.tools.response import StreamTransformer, transform_message
+
+    req = parse_tools(chat(tools=LOOKUP, tool_choice=choice))
+    unary = transform_message(req, {"message": {"content": DONE + CUT}, "finish_reason": "length"})
+    assert unary["finish_reason"] == "length"
+    assert [c["function"]["arguments"] for c in unary["message"]["tool_calls"]] == ['{"q": "abc"}']
+    alone = transform_message(req, {"message": {"content": CUT}, "finish_reason": "length"})
+    assert alone["finish_reason"] == "length" and "tool_calls" not in alone["message"]
+    assert alone["message"]["content"] == "Looking. "
+
+    stream = StreamTransformer(req)
+    deltas = [stream.chunk({"choices": [{"delta": {"content": piece}, "finish_reason": None}]})
+              for piece in (CUT[:20], CUT[20:])]
+    last = stream.chunk({"choices": [{"delta": {"content": ""}, "finish_reason": "length"}]})
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert "".join(d["choices"][0]["delta"]["content"] for d in deltas) == "Looking. "
+    assert not any(d["choices"][0]["delta"].get("tool_calls") for d in deltas + [last])
+
+
+def test_a_call_left_open_when_the_model_stopped_by_itself_is_still_invalid():
+    from serve.errors import APIError
+    from serve.tools.response import transform_message
+
+    req = parse_tools(chat(tools=LOOKUP, tool_choice="auto"))
+    with pytest.raises(APIError) as err:
+        transform_message(req, {"message": {"content": CUT}, "finish_reason": "stop"})
+    assert err.value.status == 502 and err.value.code == "invalid_tool_call"
