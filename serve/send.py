@@ -1,14 +1,13 @@
 """Sending: the rewritten request to the chosen deployment, up to its response's headers.
 
 A stream's headers come with its first token, so for a stream this waits at most
-``first_token_timeout_s``; a unary response's come only with the whole body, and a first-token
+``first_token_timeout_s`` after sending (a connection takes at most the pool's connect timeout); a unary response's come only with the whole body, and a first-token
 timeout there would fail over a long request that is running fine and run it twice: unary
 requests fail over on connect errors and 5xx, and are bounded by ``upstream_timeout_s``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import msgspec
@@ -39,11 +38,10 @@ async def send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: floa
     payload = msgspec.json.encode(attempt.rewrite.upstream_body)
     capture.sent_mono = time.monotonic()
     try:
-        upstream = await asyncio.wait_for(
-            pool.post(dep.url, ENDPOINTS[attempt.operation], payload, upstream_headers(capture.ctx)),
-            timeout=first_token_timeout_s if attempt.stream else None)
-    except (UpstreamError, asyncio.TimeoutError) as exc:
-        timed_out = isinstance(exc, (asyncio.TimeoutError, UpstreamTimeout))
+        upstream = await pool.post(dep.url, ENDPOINTS[attempt.operation], payload, upstream_headers(capture.ctx),
+                                   headers_timeout=first_token_timeout_s if attempt.stream else None)
+    except UpstreamError as exc:
+        timed_out = isinstance(exc, UpstreamTimeout)
         what = "sent no first token in time" if timed_out else "is unreachable"
         raise AttemptFailed(APIError(503, f"deployment {dep.name!r} {what}: {type(exc).__name__}: {exc}",
                                      type="server_error"),

@@ -246,9 +246,12 @@ class UpstreamPool:
             raise Unreachable(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
         return conn
 
-    async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None
-                   ) -> UpstreamResponse:
+    async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None,
+                   headers_timeout: float | None = None) -> UpstreamResponse:
+        """The response, once its headers are in: within ``headers_timeout`` of sending (the read
+        timeout when None), else :class:`UpstreamTimeout`."""
         host, port, authority = self._address(base_url)
+        wait = self.read_timeout if headers_timeout is None else headers_timeout
         prefix = authority[len(f"{host}:{port}"):]
         head = (f"POST {prefix}{path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
                 f"content-length: {len(body)}\r\n"
@@ -260,18 +263,18 @@ class UpstreamPool:
             if conn.closed:
                 continue
             try:
-                return await self._exchange(conn, head, body)
+                return await self._exchange(conn, head, body, wait)
             except Unreachable:  # closed by the server while it was idle: try the next one
                 continue
-        return await self._exchange(await self._connect(key), head, body)
+        return await self._exchange(await self._connect(key), head, body, wait)
 
-    async def _exchange(self, conn: _Connection, head: bytes, body: bytes) -> UpstreamResponse:
+    async def _exchange(self, conn: _Connection, head: bytes, body: bytes, wait: float | None) -> UpstreamResponse:
         response = conn.send(head, body, self.read_timeout)
         try:
-            await asyncio.wait_for(response.headers_done, self.read_timeout)
+            await asyncio.wait_for(response.headers_done, wait)
         except asyncio.TimeoutError:
             conn.transport.close()
-            raise UpstreamTimeout(f"no answer from the deployment within {self.read_timeout:g} s") from None
+            raise UpstreamTimeout(f"no answer from the deployment within {wait:g} s") from None
         except BaseException:  # cancelled (the caller's own timeout) or failed: not reusable
             conn.transport.close()
             raise
