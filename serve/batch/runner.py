@@ -41,6 +41,7 @@ class BatchRunner:
         self.lanes = Lanes(forwarder.admission.interactive, self.cfg.concurrency, self.cfg.busy_concurrency)
         self.cancelled: set[str] = set()
         self.chunk_tasks: dict[tuple[str, int], asyncio.Task] = {}
+        self._sync_failing = False
         self._lines: dict[str, list[dict]] = {}
 
     def cancel(self, batch_id: str) -> None:
@@ -56,7 +57,13 @@ class BatchRunner:
             await asyncio.sleep(self.cfg.poll_s)
 
     async def _tick(self) -> None:
-        await asyncio.to_thread(self.lanes.signal.sync, self.lanes.models())
+        try:
+            await asyncio.to_thread(self.lanes.signal.sync, self.lanes.models())
+            self._sync_failing = False
+        except Exception:  # other replicas' marks are a hint: go on with the last ones seen
+            if not self._sync_failing:
+                log.warning("could not share interactive marks; scheduling with the last seen", exc_info=True)
+            self._sync_failing = True
         self.chunk_tasks = {k: t for k, t in self.chunk_tasks.items() if not t.done()}
         active = await asyncio.to_thread(self.store.active)
         ids = {b["id"] for b in active}

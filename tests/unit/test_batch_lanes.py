@@ -142,3 +142,16 @@ def test_without_redis_a_replica_goes_by_its_own_traffic():
     signal.seen("tiny")
     signal.sync({"tiny"})
     assert signal.busy("tiny")
+
+
+def test_a_batch_still_runs_when_sharing_interactive_marks_fails(tmp_path, upstream, monkeypatch):
+    import redis
+
+    def refuse(self, models):
+        raise redis.ResponseError("NOSCRIPT No matching script")  # an error SharedState passes on
+
+    monkeypatch.setattr(InteractiveSignal, "sync", refuse)
+    cfg, key = _gateway(tmp_path, upstream, hold_s=600)
+    with TestClient(create_app(cfg)) as client:
+        batch = _run_batch(client, key, 4)
+    assert batch["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
