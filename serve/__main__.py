@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import logging
 from pathlib import Path
 
@@ -19,6 +20,9 @@ def main() -> None:
     args = parser.parse_args()
     config = GatewayConfig.model_validate_json(Path(args.config).read_text())
     logging.basicConfig(level=logging.INFO)
+    # The trace writer's threads (spool fsync, Parquet conversion) hold the GIL in turns with
+    # the event loop; at the default 5 ms a first token could wait that long behind them.
+    sys.setswitchinterval(0.0005)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     try:
         app = create_app(config)  # replays what a previous process of this instance left

@@ -19,11 +19,11 @@ being served (:mod:`serve.batch.lanes`), and cost ``batch_discount`` less.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import uuid
 from dataclasses import dataclass
 
+from serve import json_codec
 from serve.batch.lanes import InteractiveSignal
 from serve.config import GatewayConfig, Price
 from serve.errors import APIError
@@ -52,9 +52,9 @@ def worst_case_tokens(body: dict) -> tuple[int, int]:
         prompt_tokens = len(prompt)
     else:
         n_messages = len(prompt) if isinstance(prompt, list) else 1
-        prompt_tokens = len(json.dumps(prompt, ensure_ascii=False).encode()) + 16 * n_messages
+        prompt_tokens = len(json_codec.encode(prompt)) + 16 * n_messages
         if body.get("tools"):
-            prompt_tokens += len(json.dumps(body["tools"]).encode())
+            prompt_tokens += len(json_codec.encode(body["tools"]))
     sp = body.get("sampling_params") or {}
     completion = body.get("max_completion_tokens") or body.get("max_tokens") or sp.get("max_tokens") or 1024
     return prompt_tokens, int(completion)

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from pydantic import ValidationError
 
-from serve import engine_admin, feedback_api, trace_query, ui, weights
+from serve import engine_admin, json_codec, feedback_api, trace_query, ui, weights
 from serve.admission import Admission
 from serve.affinity import Affinity
 from serve.auth import Caller, authenticate, authenticate_headers, require_admin
@@ -31,7 +31,7 @@ from serve.capture import RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute, Price
 from serve.errors import APIError, install_error_handlers, invalid_request, model_not_found
 from serve.forward import Forwarder, Stream
-from serve.hot_path import HotPath
+from serve.hot_path import Gateway, HotPath
 from serve.keys import KeyStore
 from serve.metrics import Metrics
 from serve.routes import RouteTable
@@ -93,8 +93,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
             raise invalid_request(exc.errors()) from None
         return await forwarder.forward(operation, body, _context(routes, headers, operation, body, caller))
 
-    app = FastAPI(title="Flywheel gateway", lifespan=lifespan)
-    app.add_middleware(HotPath, serve=serve)  # inside BodyLimit (added last, so outermost)
+    app = Gateway(title="Flywheel gateway", lifespan=lifespan)
+    app.hot_path = HotPath(serve, config.max_body_bytes)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.writer, app.state.routes, app.state.admission = writer, routes, admission
     install_error_handlers(app)
@@ -252,7 +252,7 @@ async def _json_body(request: Request) -> Any:
 
 def _parse_json(raw: bytes) -> Any:
     try:
-        body = json.loads(raw)
+        body = json_codec.decode(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"We could not parse the JSON body of your request: {exc}") from None
     if not isinstance(body, dict):

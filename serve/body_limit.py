@@ -13,7 +13,7 @@ class BodyTooLarge(Exception):
     pass
 
 
-def _too_large(limit: int) -> tuple[dict, bytes]:
+def too_large(limit: int) -> tuple[dict, bytes]:
     body = json.dumps({"error": {"message": f"the request body is larger than {limit} bytes "
                                             "(gateway.max_body_bytes)", "type": "invalid_request_error",
                                  "param": None, "code": "request_too_large"}}).encode()
@@ -55,6 +55,6 @@ class BodyLimit:
                 await self._refuse(send)
 
     async def _refuse(self, send) -> None:
-        start, body = _too_large(self.max_bytes)
+        start, body = too_large(self.max_bytes)
         await send(start)
         await send({"type": "http.response.body", "body": body})

@@ -1,14 +1,16 @@
-"""The completion routes as raw ASGI, ahead of FastAPI's routing.
+"""The completion routes as raw ASGI, ahead of FastAPI and its middleware.
 
 ``POST /v1/chat/completions``, ``/v1/completions`` are the gateway's traffic; everything else
 (admin, traces, batches, the UI, ``/openapi.json``, which still documents these two routes) goes
 on to FastAPI. Profiled at 50 streams/s on the sim profile, FastAPI's layers around a streaming
-route (exception and exit-stack middleware, routing, ``StreamingResponse`` and its anyio task
-group) were about as much event-loop time as everything the gateway does for the request. Here
-a request is read, handed to ``serve`` and its answer written, with the same error shape.
+route (middleware wrapping every send and receive, routing, ``StreamingResponse`` and its anyio
+task group) were about as much event-loop time as everything the gateway does for the request.
+Here a request is read (refused with 413 past ``max_body_bytes``, as ``serve.body_limit`` does
+for the other routes), handed to ``serve`` and its answer written, with the same error shape.
 
 A client that hangs up mid-stream is noticed as Starlette notices it, by waiting on ``receive``
-beside the relay, so its deployment stream is closed at once and its outcome is ``client_gone``.
+beside the relay (from the first event sent on), so its deployment stream is closed at once and
+its outcome is ``client_gone``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-import msgspec
 
+from fastapi import FastAPI
+
+from serve import json_codec
+from serve.body_limit import too_large
 from serve.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -36,24 +41,41 @@ def _headers(extra: dict[str, str], base: list) -> list:
     return base + [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
 
 
-class HotPath:
-    """ASGI middleware: the completion routes served directly, the rest passed to ``app``."""
+class Gateway(FastAPI):
+    """FastAPI, with the completion routes answered by its ``hot_path`` before anything else."""
 
-    def __init__(self, app, serve: Serve):
-        self.app, self.serve = app, serve
+    hot_path: HotPath | None = None
 
     async def __call__(self, scope, receive, send):
-        operation = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
-        if operation is None or scope["method"] != "POST":
-            return await self.app(scope, receive, send)
-        chunks, more = [], True
+        if (self.hot_path is not None and scope["type"] == "http" and scope["path"] in ROUTES
+                and scope["method"] == "POST"):
+            return await self.hot_path(scope, receive, send)
+        await super().__call__(scope, receive, send)
+
+
+class HotPath:
+    def __init__(self, serve: Serve, max_body_bytes: int):
+        self.serve, self.max_body_bytes = serve, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        operation = ROUTES[scope["path"]]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        declared = headers.get("content-length", "")
+        chunks, more, size = [], True, 0
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            more = False  # refused before a byte of it is read
+            size = int(declared)
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            size += len(chunks[-1])
+            more = message.get("more_body", False) and size <= self.max_body_bytes
+        if size > self.max_body_bytes:
+            start, body = too_large(self.max_body_bytes)
+            await send(start)
+            return await send({"type": "http.response.body", "body": body})
         try:
             answer, extra = await self.serve(operation, headers, b"".join(chunks))
         except APIError as err:
@@ -68,7 +90,7 @@ class HotPath:
 
     @staticmethod
     async def _json(send, status: int, body: dict, extra: dict[str, str]) -> None:
-        data = msgspec.json.encode(body)
+        data = json_codec.encode(body)
         await send({"type": "http.response.start", "status": status,
                     "headers": _headers({**extra, "content-length": str(len(data))}, _JSON)})
         await send({"type": "http.response.body", "body": data})
@@ -84,14 +106,16 @@ class HotPath:
                 gone = True
                 task.cancel()
 
-        watcher = asyncio.ensure_future(receive())
-        watcher.add_done_callback(hung_up)
+        watcher = None
         body = answer.body
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": _headers({**extra, **answer.headers}, _SSE)})
             async for piece in body:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
+                if watcher is None:  # from the first token on: its cost is not the first token's
+                    watcher = asyncio.ensure_future(receive())
+                    watcher.add_done_callback(hung_up)
             finished = True
             await send({"type": "http.response.body", "body": b""})
         except asyncio.CancelledError:
@@ -100,5 +124,6 @@ class HotPath:
             task.uncancel()  # the client left: the relay's own cleanup has run, nothing to answer
         finally:
             finished = True
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             await body.aclose()  # a relay left early still settles its outcome, lease and trace

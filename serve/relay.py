@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 
-import msgspec
-
+from serve import json_codec
 from serve.attempt import Attempt, AttemptFailed
 from serve.errors import APIError
 from serve.outcome import Outcome
@@ -23,17 +22,8 @@ from serve.upstream_pool import UpstreamError, UpstreamResponse, UpstreamTimeout
 Step = Callable[[dict], "dict | None"]  # a chunk in, the chunk out (None: send nothing)
 
 
-def decode(data: bytes):
-    """One JSON value; msgspec's decoder is several times faster than json's on stream chunks,
-    json's is the fallback for what strict JSON lacks (NaN, Infinity) and says what is wrong."""
-    try:
-        return msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return json.loads(data)
-
-
 def event(obj) -> bytes:
-    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+    return b"data: " + json_codec.encode(obj) + b"\n\n"
 
 
 def error_event(message: str) -> bytes:
@@ -59,7 +49,7 @@ async def read_unary(attempt: Attempt, upstream: UpstreamResponse) -> dict:
     :class:`AttemptFailed`); the client's view is taken after the trace is stored."""
     dep = attempt.deployment.name
     try:
-        data = decode(await upstream.read())
+        data = json_codec.decode(await upstream.read())
     except (UpstreamError, json.JSONDecodeError) as exc:
         outcome = Outcome.MALFORMED if isinstance(exc, json.JSONDecodeError) else Outcome.UPSTREAM_ERROR
         raise AttemptFailed(APIError(502, f"deployment {dep!r} sent a broken response: {exc}",
@@ -111,7 +101,7 @@ async def relay(attempt: Attempt, upstream: UpstreamResponse, settler: Settler) 
                 yield b"data: [DONE]\n\n"
                 break
             try:
-                obj = decode(data)
+                obj = json_codec.decode(data)
                 problem = None if isinstance(obj, dict) else "not a JSON object"
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # the deployment's fault
                 problem = str(exc)

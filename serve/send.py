@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import time
 
-import msgspec
-
+from serve import json_codec
 from serve.attempt import Attempt, AttemptFailed
 from serve.capture import RequestContext
 from serve.errors import APIError
@@ -35,7 +34,7 @@ async def send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: floa
     """The deployment's 200 response, its body still to come. Anything else is an
     :class:`AttemptFailed`: unreachable, timeout and 5xx retryable, a 4xx the request's own."""
     dep, capture = attempt.deployment, attempt.capture
-    payload = msgspec.json.encode(attempt.rewrite.upstream_body)
+    payload = json_codec.encode(attempt.rewrite.upstream_body)
     capture.sent_mono = time.monotonic()
     try:
         upstream = await pool.post(dep.url, ENDPOINTS[attempt.operation], payload, upstream_headers(capture.ctx),
