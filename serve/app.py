@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from pydantic import ValidationError
 
-from serve import engine_admin, json_codec, feedback_api, trace_query, ui, weights
+from serve import engine_admin, feedback_api, json_codec, trace_query, ui, weights
 from serve.admission import Admission
 from serve.affinity import Affinity
 from serve.auth import Caller, authenticate, authenticate_headers, require_admin
@@ -221,7 +221,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
 
     async def _serve(request: Request, operation: str):
         """The same as the hot path, for an ASGI caller that reaches the route itself."""
-        result, headers = await serve(operation, {k: v for k, v in request.headers.items()}, await request.body())
+        result, headers = await serve(operation, dict(request.headers.items()), await request.body())
         if isinstance(result, Stream):
             return StreamingResponse(result.body, media_type="text/event-stream", headers=headers)
         return JSONResponse(result, headers=headers)

@@ -54,6 +54,9 @@ class Gateway(FastAPI):
 
 
 class HotPath:
+    """Reads a completion request (413 past ``max_body_bytes``), hands it to ``serve`` and writes
+    the answer: JSON, or the stream as it comes; every error in the OpenAI shape."""
+
     def __init__(self, serve: Serve, max_body_bytes: int):
         self.serve, self.max_body_bytes = serve, max_body_bytes
 
