@@ -32,6 +32,20 @@ async def _read_request(reader) -> bytes:
     return head + await reader.readexactly(length)
 
 
+def _body_of(handler, pool: UpstreamPool) -> bytes:
+    """What ``pool`` reads of one response from a server that answers with ``handler``."""
+    async def main():
+        url, server, _ = await _serve(handler)
+        try:
+            response = await pool.post(url, "/v1/chat/completions", b"{}")
+            return await response.read()
+        finally:
+            await pool.aclose()
+            server.close()
+
+    return asyncio.run(main())
+
+
 async def _chunked_stream(reader, writer, requests: int = 1):
     for _ in range(requests):
         await _read_request(reader)
@@ -73,19 +87,7 @@ def test_a_body_that_ends_with_the_connection_is_read_to_its_end():
         writer.write(b"true}")
         await writer.drain()
 
-    async def main():
-        url, server, _ = await _serve(handler)
-        pool = UpstreamPool()
-        try:
-            response = await pool.post(url, "/v1/completions", b"{}")
-            body = await response.read()
-            response.close()
-            return body
-        finally:
-            await pool.aclose()
-            server.close()
-
-    assert asyncio.run(main()) == b'{"ok": true}'
+    assert _body_of(handler, UpstreamPool()) == b'{"ok": true}'
 
 
 def test_an_idle_connection_the_server_closed_is_replaced_without_an_error():
@@ -157,18 +159,8 @@ def test_a_deployment_that_goes_quiet_times_out():
         await writer.drain()
         await asyncio.sleep(5)
 
-    async def main():
-        url, server, _ = await _serve(handler)
-        pool = UpstreamPool(read_timeout=0.3)
-        try:
-            response = await pool.post(url, "/v1/chat/completions", b"{}")
-            await response.read()
-        finally:
-            await pool.aclose()
-            server.close()
-
     with pytest.raises(UpstreamTimeout):
-        asyncio.run(main())
+        _body_of(handler, UpstreamPool(read_timeout=0.3))
 
 
 def test_a_response_that_is_not_http_is_broken():
@@ -178,12 +170,5 @@ def test_a_response_that_is_not_http_is_broken():
         await writer.drain()
         await asyncio.sleep(1)
 
-    async def main():
-        url, server, _ = await _serve(handler)
-        try:
-            await UpstreamPool().post(url, "/v1/chat/completions", b"{}")
-        finally:
-            server.close()
-
     with pytest.raises(BrokenResponse):
-        asyncio.run(main())
+        _body_of(handler, UpstreamPool())
