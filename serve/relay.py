@@ -50,8 +50,8 @@ async def read_unary(attempt: Attempt, upstream: UpstreamResponse) -> dict:
     dep = attempt.deployment.name
     try:
         data = json_codec.decode(await upstream.read())
-    except (UpstreamError, json.JSONDecodeError) as exc:
-        outcome = Outcome.MALFORMED if isinstance(exc, json.JSONDecodeError) else Outcome.UPSTREAM_ERROR
+    except (UpstreamError, json.JSONDecodeError, UnicodeDecodeError) as exc:  # as a stream event is judged
+        outcome = Outcome.UPSTREAM_ERROR if isinstance(exc, UpstreamError) else Outcome.MALFORMED
         raise AttemptFailed(APIError(502, f"deployment {dep!r} sent a broken response: {exc}",
                                      type="server_error"), outcome) from None
     finally:

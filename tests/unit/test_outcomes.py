@@ -52,8 +52,8 @@ class Upstream(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
-        if mode in ("unary", "not_json"):
-            body = json.dumps(UNARY).encode() if mode == "unary" else b"<html>oops"
+        if mode in ("unary", "not_json", "not_utf8"):
+            body = {"unary": json.dumps(UNARY).encode(), "not_json": b"<html>oops", "not_utf8": b'{"a": "\xff"}'}[mode]
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))
@@ -141,6 +141,7 @@ CASES = {
     "error_event": ({"stream": True}, Outcome.UPSTREAM_ERROR, "open"),
     "malformed": ({"stream": True}, Outcome.MALFORMED, "open"),
     "not_json": ({}, Outcome.MALFORMED, "open"),
+    "not_utf8": ({}, Outcome.MALFORMED, "open"),
 }
 
 
