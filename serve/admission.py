@@ -43,16 +43,18 @@ def micro_usd(prompt: int, completion: int, price: Price | None, cached: int = 0
                      + completion * price.output_per_mtok - 1e-9)
 
 
-def worst_case_tokens(body: dict) -> tuple[int, int]:
+def worst_case_tokens(body: dict, prompt_json: bytes | None = None) -> tuple[int, int]:
     """(prompt upper bound, completion maximum). A byte-level BPE token covers at least one
     byte, so the prompt's UTF-8 size plus a margin per message for the chat template bounds its
-    token count without tokenizing."""
+    token count without tokenizing. ``prompt_json``: the prompt's JSON as the client sent it (no
+    shorter than ours: it is measured instead of writing a long prompt out)."""
     prompt = body.get("messages") if "messages" in body else body.get("prompt", body.get("token_ids"))
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         prompt_tokens = len(prompt)
     else:
         n_messages = len(prompt) if isinstance(prompt, list) else 1
-        prompt_tokens = len(json_codec.encode(prompt)) + 16 * n_messages
+        size = len(prompt_json) if prompt_json is not None else len(json_codec.encode(prompt))
+        prompt_tokens = size + 16 * n_messages
         if body.get("tools"):
             prompt_tokens += len(json_codec.encode(body["tools"]))
     sp = body.get("sampling_params") or {}
@@ -90,8 +92,10 @@ class Admission:
         self.batch_leases.look()
         self.budgets.look()
 
-    async def admit(self, deployment: str, team: str, model: str, body: dict, batch: bool = False) -> Admitted:
-        prompt, completion = worst_case_tokens(body)
+    async def admit(self, deployment: str, team: str, model: str, body: dict, batch: bool = False,
+                    worst: tuple[int, int] | None = None) -> Admitted:
+        """``worst``: :func:`worst_case_tokens` of ``body``, when the caller has it already."""
+        prompt, completion = worst or worst_case_tokens(body)
         price = self.config.prices.get(model)
         discount = price.batch_discount if (batch and price) else 0.0
         budget = self._reserve_budget(team, price, prompt, completion, discount)

@@ -40,6 +40,7 @@ from serve.openapi import json_body
 from serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
                             generate_response)
 from serve.shared_state import SharedState
+from serve.upstream import PROMPT_KEYS
 from serve.upstream_http import upstream_client
 from traces.batch_store import BatchStore, FileStore
 from traces.writer import TraceWriter
@@ -86,12 +87,14 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     async def serve(operation: str, headers: dict[str, str], raw: bytes):
         """A completion request, from its raw body to the client's answer (the hot path)."""
         caller = authenticate_headers(headers, config, keys)
-        body = _parse_json(raw)
+        body, prompt_json = _parse_json(raw, PROMPT_KEYS[operation])
         try:
             REQUEST_MODELS[operation].model_validate(body)
         except ValidationError as exc:
             raise invalid_request(exc.errors()) from None
-        return await forwarder.forward(operation, body, _context(routes, headers, operation, body, caller))
+        ctx = _context(routes, headers, operation, body, caller)
+        ctx.prompt_json = prompt_json
+        return await forwarder.forward(operation, body, ctx)
 
     app = Gateway(title="Flywheel gateway", lifespan=lifespan)
     app.hot_path = HotPath(serve, config.max_body_bytes)
@@ -247,17 +250,18 @@ async def _follow_routes(routes: RouteTable, state: SharedState, admission: Admi
 
 
 async def _json_body(request: Request) -> Any:
-    return _parse_json(await request.body())
+    return _parse_json(await request.body())[0]
 
 
-def _parse_json(raw: bytes) -> Any:
+def _parse_json(raw: bytes, prompt_key: str = "") -> tuple[dict, bytes | None]:
+    """The body, and its ``prompt_key`` field's JSON text as sent (see ``json_codec.decode_request``)."""
     try:
-        body = json_codec.decode(raw)
+        body, prompt_json = json_codec.decode_request(raw, prompt_key)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"We could not parse the JSON body of your request: {exc}") from None
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.")
-    return body
+    return body, prompt_json
 
 
 def _context(routes: RouteTable, h: Headers | dict[str, str], operation: str, body: dict,

@@ -9,18 +9,19 @@ responses and stream chunks alike, so both paths produce identical records.
 from __future__ import annotations
 
 import json
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from serve.config import ModelRoute
+from serve.json_codec import text
 from serve.outcome import Outcome
 
 
 def new_trace_id() -> str:
-    return "tr-" + uuid.uuid4().hex
+    return "tr-" + os.urandom(16).hex()  # uuid4's 128 random bits, without building a UUID
 
 
 def _now() -> datetime:
@@ -51,6 +52,9 @@ class RequestContext:
     rollout_id: str | None = None
     batch_id: str | None = None      # a Batch API line: its batch and custom_id
     custom_id: str | None = None
+    # the prompt (messages, or a completion's prompt) as the client wrote it, when the hot path
+    # kept it: passed upstream and stored as these bytes, never written out again
+    prompt_json: bytes | None = field(default=None, repr=False)
     received: datetime = field(default_factory=_now)
     received_mono: float = field(default_factory=time.monotonic)  # the same moment, for durations
 
@@ -179,13 +183,13 @@ class Capture:
             "gen_ai_response_model": c.upstream_model, "checkpoint_version": c.checkpoint_version,
             "deployment": c.deployment, "worker_id": self.worker_id,
             "gen_ai_response_id": self.response_id, "stream": bool(body.get("stream")),
-            "gen_ai_input_messages": json.dumps(prompt),
-            "gen_ai_tool_definitions": json.dumps(body["tools"]) if body.get("tools") else None,
-            "tool_choice": json.dumps(body["tool_choice"]) if body.get("tool_choice") else None,
-            "sampling_params": json.dumps(_sampling(body)),
+            "gen_ai_input_messages": c.prompt_json.decode() if c.prompt_json is not None else text(prompt),
+            "gen_ai_tool_definitions": text(body["tools"]) if body.get("tools") else None,
+            "tool_choice": text(body["tool_choice"]) if body.get("tool_choice") else None,
+            "sampling_params": text(_sampling(body)),
             "response_content": "".join(self.content) if self.content else None,
             "response_reasoning": "".join(self.reasoning) if self.reasoning else None,
-            "response_tool_calls": json.dumps([self.tool_calls[i] for i in sorted(self.tool_calls)])
+            "response_tool_calls": text([self.tool_calls[i] for i in sorted(self.tool_calls)])
             if self.tool_calls else None,
             "finish_reason": self.finish_reason,
             "prompt_token_ids": self.engine_data.get("prompt_token_ids"),

@@ -57,12 +57,12 @@ def prompt_texts(body: dict) -> list[str]:
     return texts
 
 
-def might_overflow(body: dict, max_model_len: int | None) -> bool:
+def might_overflow(body: dict, max_model_len: int | None, worst: tuple[int, int] | None = None) -> bool:
     """True when the prompt is long enough that it could overflow (cheap: the same byte bound
-    admission reserves by, no tokenizer)."""
+    admission reserves by, ``worst`` when the caller has it, no tokenizer)."""
     if not max_model_len:
         return False
-    bound, _ = worst_case_tokens(body)
+    bound, _ = worst or worst_case_tokens(body)
     return bound + (body.get("max_completion_tokens") or body.get("max_tokens") or 1) > max_model_len
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass
 
-from serve.admission import Admission
+from serve.admission import Admission, worst_case_tokens
 from serve.affinity import Affinity
 from serve.attempt import Attempt, AttemptFailed
 from serve.breaker import Breakers
@@ -66,7 +66,8 @@ class Forwarder:
             raise model_not_found(body["model"])
         dep = self.config.deployment(route.deployment)
         check_counts(body, dep.max_model_len)
-        if might_overflow(body, dep.max_model_len):
+        worst = worst_case_tokens(body, ctx.prompt_json)  # once: it measures the whole prompt
+        if might_overflow(body, dep.max_model_len, worst):
             await asyncio.to_thread(check_text, body, dep.max_model_len, dep.model_path)
         tool_req = parse_tools(body, self.bounds) if operation == "chat" else None
         if tool_req is not None and body.get("guided_grammar"):
@@ -74,7 +75,7 @@ class Forwarder:
         capture = Capture(ctx)
         # compiling a grammar can take a while for a large schema: not on the event loop
         grammar = await asyncio.to_thread(grammar_for, tool_req, self.config.tools.layout) if tool_req else None
-        rewrite = Rewrite(body, operation, route.upstream_model, grammar)
+        rewrite = Rewrite(body, operation, route.upstream_model, grammar, ctx.prompt_json)
         headers = {"X-Trace-ID": ctx.trace_id}
         last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)",
                               type="server_error")
@@ -85,7 +86,7 @@ class Forwarder:
             t_wait = time.monotonic()
             try:
                 admitted = await self.admission.admit(dep_name, ctx.team, ctx.alias, body,
-                                                      batch=ctx.batch_id is not None)
+                                                      batch=ctx.batch_id is not None, worst=worst)
             except APIError as err:
                 if err.code == "capacity_exceeded":  # full: the next deployment may have room
                     last_error, last_outcome = err, Outcome.REJECTED

@@ -10,22 +10,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from serve.errors import APIError
 
 # Dynamo's OpenAI extension: engine-exact ids and the serving worker (see DESIGN.md, traces).
 CAPTURE_FIELDS = ("completion_token_ids", "engine_data", "worker_id")
+PROMPT_KEYS = {"chat": "messages", "text_completion": "prompt"}  # where an operation's prompt is
 
 
 class Rewrite:
     """The upstream body for one client request, and how to undo it on the way back."""
 
     def __init__(self, body: dict[str, Any], operation: str, upstream_model: str,
-                 grammar: str | None = None):
+                 grammar: str | None = None, prompt_json: bytes | None = None):
         self.client_body = body
         self.operation = operation
         # only top-level keys and nvext change: a shallow copy, never a copy of the messages (a
         # long agentic prompt would be copied once per request for nothing)
         up = dict(body)
+        if prompt_json is not None:  # the prompt goes on as the client's bytes, not encoded again
+            up[PROMPT_KEYS[operation]] = msgspec.Raw(prompt_json)
         up["model"] = upstream_model
         if not isinstance(body.get("nvext") or {}, dict):
             raise APIError(400, "nvext must be an object", param="nvext")
