@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass
 
 from serve.admission import Admission, Admitted
 from serve.capture import Capture, RequestContext
@@ -14,23 +15,41 @@ from serve.outcome import Outcome
 from serve.tools.definitions import ToolRequest
 from serve.upstream import Rewrite
 
+log = logging.getLogger(__name__)
 
-class Renewal:
-    """Keeps an admission's lease and budget reservation alive (every third of the lease TTL)
-    until cancelled: a unary answer can take longer than the TTL, a stream much longer. A timer,
-    not a task: it costs nothing per request until it fires."""
 
-    def __init__(self, admission: Admission, admitted: Admitted, interval_s: float):
-        self._admission, self._admitted, self._interval = admission, admitted, interval_s
-        self._loop = asyncio.get_running_loop()
-        self._handle = self._loop.call_later(interval_s, self._renew)
+class Renewals:
+    """Keeps the leases and budget reservations of running attempts alive: every third of the
+    lease TTL one timer renews all that are held (a unary answer can outlast the TTL, a stream
+    much more). One timer for the replica rather than one per request: holding costs a dict
+    entry, and a renewal that fails is logged without ending the others'."""
 
-    def _renew(self) -> None:
-        self._admission.renew(self._admitted)
-        self._handle = self._loop.call_later(self._interval, self._renew)
+    def __init__(self, admission: Admission, interval_s: float):
+        self._admission, self._interval = admission, interval_s
+        self._held: dict[int, Admitted] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def cancel(self) -> None:
-        self._handle.cancel()
+    def hold(self, admitted: Admitted) -> None:
+        if admitted.lease is None and admitted.budget is None and admitted.batch_lease is None:
+            return  # nothing reserved (no capacity or budget configured): nothing to renew
+        self._held[id(admitted)] = admitted
+        loop = asyncio.get_running_loop()
+        if self._timer is None or self._loop is not loop:  # (a test may serve from a new loop)
+            self._loop, self._timer = loop, loop.call_later(self._interval, self._renew_all)
+
+    def drop(self, admitted: Admitted) -> None:
+        self._held.pop(id(admitted), None)
+
+    def _renew_all(self) -> None:
+        self._timer = None
+        for admitted in list(self._held.values()):
+            try:
+                self._admission.renew(admitted)
+            except Exception:  # noqa: BLE001 - one ledger's failure must not drop the others' leases
+                log.exception("could not renew a lease")
+        if self._held:
+            self._timer = self._loop.call_later(self._interval, self._renew_all)
 
 
 @dataclass
@@ -41,7 +60,6 @@ class Attempt:
     capture: Capture
     admitted: Admitted
     tools: ToolRequest | None
-    renewal: Renewal | None = field(default=None, repr=False)
 
     @property
     def ctx(self) -> RequestContext:

@@ -10,9 +10,9 @@ own breaker and behaves the same way on what it sees.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-import uuid
 from collections import deque
 
 from serve.config import BreakerConfig
@@ -106,7 +106,7 @@ class Breakers:
         """Count one outcome; returns the breaker state after it."""
         shared = self.state.run("record", _RECORD, self._keys(dep),
                                 ["1" if ok else "0", self.cfg.window_s, self.cfg.min_requests,
-                                 self.cfg.error_rate, uuid.uuid4().hex[:12]])
+                                 self.cfg.error_rate, os.urandom(6).hex()])
         if shared is not LOCAL:
             return shared
         with self._lock:

@@ -92,7 +92,7 @@ class Forwarder:
                     last_error, last_outcome = err, Outcome.REJECTED
                     continue
                 self.metrics.rejected(ctx.alias, ctx.team, err.status)
-                self.metrics.outcomes.labels("", Outcome.REJECTED.value).inc()
+                self.metrics.outcome("", Outcome.REJECTED.value)
                 await self.settler.durable(capture.record(err.status, err.message, Outcome.REJECTED))
                 raise
             self.metrics.admission_wait.observe(time.monotonic() - t_wait)
@@ -121,7 +121,7 @@ class Forwarder:
         if ctx.batch_id is not None and last_error.code == "capacity_exceeded":
             raise last_error  # not an answer: the batch scheduler runs the line again later
         if last_outcome is Outcome.REJECTED:
-            self.metrics.outcomes.labels("", last_outcome.value).inc()
+            self.metrics.outcome("", last_outcome.value)
         await self.settler.durable(capture.record(last_error.status, last_error.message, last_outcome))
         self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
         raise last_error
@@ -132,9 +132,9 @@ class Forwarder:
         dep, capture, ctx = attempt.deployment.name, attempt.capture, attempt.ctx
         self.settler.keep_alive(attempt)  # a unary answer may take longer than the lease's TTL
         upstream = await send(self.pool, attempt, self.config.first_token_timeout_s)
-        self.metrics.upstream_latency.labels(dep).observe(time.monotonic() - capture.sent_mono)
+        self.metrics.upstream_first_byte(dep, time.monotonic() - capture.sent_mono)
         if attempt.stream:
-            attempt.renewal.cancel()  # the relay renews from its own start (see serve/relay.py)
+            self.settler.stop_renewing(attempt)  # the relay renews from its own start (serve/relay.py)
             return Stream({"X-Trace-ID": ctx.trace_id, "X-Deployment": dep}, relay(attempt, upstream, self.settler))
         data = await read_unary(attempt, upstream)
         self.settler.first_token(dep, capture)

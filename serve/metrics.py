@@ -33,19 +33,34 @@ class Metrics:
         self.leases = Gauge("flywheel_leases_held", "leases held on a deployment (all replicas)",
                             ["deployment"], registry=r)
         self.breaker = Gauge("flywheel_breaker_state", "0 closed, 1 half-open, 2 open", ["deployment"], registry=r)
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *labels: str):
+        """``metric.labels(*labels)``, kept: prometheus_client checks and locks on every
+        ``labels`` call, and a request makes several."""
+        child = self._children.get((metric, labels))
+        if child is None:
+            child = self._children[(metric, labels)] = metric.labels(*labels)
+        return child
+
+    def outcome(self, deployment: str, outcome: str) -> None:
+        self._child(self.outcomes, deployment, outcome).inc()
+
+    def upstream_first_byte(self, deployment: str, seconds: float) -> None:
+        self._child(self.upstream_latency, deployment).observe(seconds)
 
     def served(self, model: str, team: str, usage: dict | None) -> None:
-        self.requests.labels(model, team, "200").inc()
+        self._child(self.requests, model, team, "200").inc()
         if usage:
-            self.tokens.labels(team, "input").inc(usage.get("prompt_tokens") or 0)
-            self.tokens.labels(team, "output").inc(usage.get("completion_tokens") or 0)
+            self._child(self.tokens, team, "input").inc(usage.get("prompt_tokens") or 0)
+            self._child(self.tokens, team, "output").inc(usage.get("completion_tokens") or 0)
 
     def first_token(self, deployment: str, ttft_s: float, added_s: float) -> None:
-        self.ttft.labels(deployment).observe(ttft_s)
-        self.added.labels(deployment).observe(added_s)
+        self._child(self.ttft, deployment).observe(ttft_s)
+        self._child(self.added, deployment).observe(added_s)
 
     def rejected(self, model: str, team: str, status: int) -> None:
-        self.requests.labels(model, team, str(status)).inc()
+        self._child(self.requests, model, team, str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

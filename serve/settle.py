@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from serve.admission import Admission
-from serve.attempt import Attempt, Renewal
+from serve.attempt import Attempt, Renewals
 from serve.breaker import Breakers
 from serve.capture import Capture
 from serve.errors import APIError
@@ -29,18 +29,20 @@ class Settler:
     def __init__(self, writer: TraceWriter, admission: Admission, breakers: Breakers, metrics: Metrics,
                  renew_every_s: float):
         self.writer, self.admission, self.breakers, self.metrics = writer, admission, breakers, metrics
-        self.renew_every_s = renew_every_s
+        self.renewals = Renewals(admission, renew_every_s)
 
     def keep_alive(self, attempt: Attempt) -> None:
-        """Renew the attempt's lease and budget reservation until it is released."""
-        if attempt.renewal is not None:
-            attempt.renewal.cancel()
-        attempt.renewal = Renewal(self.admission, attempt.admitted, self.renew_every_s)
+        """Renew the attempt's lease and budget reservation until it is released (or
+        :meth:`stop_renewing`)."""
+        self.renewals.hold(attempt.admitted)
+
+    def stop_renewing(self, attempt: Attempt) -> None:
+        self.renewals.drop(attempt.admitted)
 
     def outcome(self, deployment: str, outcome: Outcome) -> None:
         """An attempt at ``deployment`` ended: its breaker and the metrics hear the same outcome."""
         self.breakers.record(deployment, outcome.deployment_ok)
-        self.metrics.outcomes.labels(deployment, outcome.value).inc()
+        self.metrics.outcome(deployment, outcome.value)
 
     async def durable(self, record: dict) -> None:
         """Store the trace of a request that fails anyway: a failing disk is logged, and the
@@ -63,8 +65,7 @@ class Settler:
     def release(self, attempt: Attempt, usage: dict | None, produced: int = 0) -> None:
         """The attempt holds nothing more: renewals stop, the lease is released, the budget
         settled (idempotent, as :meth:`Admission.release`)."""
-        if attempt.renewal is not None:
-            attempt.renewal.cancel()
+        self.renewals.drop(attempt.admitted)
         self.admission.release(attempt.admitted, attempt.ctx.alias, usage, produced=produced)
 
     def first_token(self, deployment: str, capture: Capture) -> None:

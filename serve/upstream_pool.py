@@ -40,6 +40,32 @@ class BrokenResponse(UpstreamError):
     """The connection ended, or the HTTP framing was wrong, in the middle of a response."""
 
 
+class _Expired(Exception):
+    """A wait's timer fired (see :func:`_within`)."""
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(_Expired())
+
+
+async def _within(fut: asyncio.Future, timeout: float | None) -> bool:
+    """Wait for ``fut``; False once ``timeout`` passed first. One timer: ``asyncio.wait_for``
+    adds a future, a callback and their cleanup to every wait, and this one runs for every
+    piece of a stream."""
+    if timeout is None:
+        await fut
+        return True
+    handle = fut.get_loop().call_later(timeout, _expire, fut)
+    try:
+        await fut
+    except _Expired:
+        return False
+    finally:
+        handle.cancel()
+    return True
+
+
 class UpstreamResponse:
     """One response: ``status`` and ``headers`` on arrival, then the body as it comes."""
 
@@ -93,9 +119,8 @@ class UpstreamResponse:
                 raise self._error
             self._waiter = self._conn.loop.create_future()
             try:
-                await asyncio.wait_for(self._waiter, self._timeout)
-            except asyncio.TimeoutError:
-                raise UpstreamTimeout(f"no data from the deployment for {self._timeout:g} s") from None
+                if not await _within(self._waiter, self._timeout):
+                    raise UpstreamTimeout(f"no data from the deployment for {self._timeout:g} s")
             finally:
                 self._waiter = None
         data = self._chunks.popleft()
@@ -204,7 +229,7 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._length_known = False
         self.response = UpstreamResponse(self, read_timeout)
-        self.transport.write(head + body)
+        self.transport.writelines((head, body))  # not head + body: a long prompt is not copied
         return self.response
 
     def release(self, response: UpstreamResponse) -> None:
@@ -271,13 +296,13 @@ class UpstreamPool:
     async def _exchange(self, conn: _Connection, head: bytes, body: bytes, wait: float | None) -> UpstreamResponse:
         response = conn.send(head, body, self.read_timeout)
         try:
-            await asyncio.wait_for(response.headers_done, wait)
-        except asyncio.TimeoutError:
-            conn.transport.close()
-            raise UpstreamTimeout(f"no answer from the deployment within {wait:g} s") from None
+            answered = await _within(response.headers_done, wait)
         except BaseException:  # cancelled (the caller's own timeout) or failed: not reusable
             conn.transport.close()
             raise
+        if not answered:
+            conn.transport.close()
+            raise UpstreamTimeout(f"no answer from the deployment within {wait:g} s")
         return response
 
     def put_back(self, conn: _Connection) -> None:

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
-from serve.admission import Admission
+from serve.admission import Admission, Admitted
 from serve.affinity import Affinity
+from serve.attempt import Renewals
 from serve.breaker import Breakers
 from serve.config import Budget, BreakerConfig, Capacity, GatewayConfig, Price
 from serve.errors import APIError
@@ -62,6 +63,30 @@ def test_unrenewed_leases_lapse_within_the_ttl(state):
         await asyncio.sleep(1.1)
         assert adm.leases_held("d1")[0] == 0
         await adm.admit("d1", "blue", "tiny", BODY)
+    asyncio.run(go())
+
+
+def test_held_leases_are_renewed_past_the_ttl_and_dropped_ones_lapse(state):
+    """One timer renews every running request's lease: a held lease outlives the TTL several
+    times over, a dropped one lapses, and a ledger that fails to renew one lease does not stop
+    the renewal of the others."""
+    adm = Admission(config(), state)
+    renewals = Renewals(adm, interval_s=1.0 / 3)
+
+    async def go():
+        kept = await adm.admit("d1", "blue", "tiny", BODY)
+        dropped = await adm.admit("d1", "blue", "tiny", BODY)
+        renewals.hold(kept)
+        renewals.hold(dropped)
+        broken = Admitted(lease=object(), budget=None)  # renewing it raises
+        renewals.hold(broken)
+        renewals.drop(dropped)
+        await asyncio.sleep(2.5)  # 2.5 TTLs
+        assert adm.leases_held("d1")[0] == 1
+        renewals.drop(kept)
+        renewals.drop(broken)
+        await asyncio.sleep(1.2)
+        assert adm.leases_held("d1")[0] == 0
     asyncio.run(go())
 
 
