@@ -2,6 +2,7 @@
 relay in front of it, side by side.
 
     .venv/bin/flywheel up -p sim && .venv/bin/python -m deploy.bench.gateway [--rates 10,25,50,100]
+        [--prompt-kb 512]   # an agent-sized conversation instead of "hi"
 
 Open-loop load at each fixed rate (requests are sent on schedule whether or not earlier ones
 finished), streaming, with trace capture on (the gateway's normal path: durable spool, then
@@ -31,8 +32,18 @@ from serve.upstream_http import upstream_client
 PATHS = ("gw", "relay", "direct")
 
 
-async def one(client: httpx.AsyncClient, url: str, out: dict, key: str) -> None:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+def chat_body(prompt_kb: int) -> dict:
+    """A streamed chat request; with ``prompt_kb``, an agent-like conversation of about that many
+    KB (40 turns): the gateway reads, checks, forwards and stores all of it."""
+    messages = [{"role": "user", "content": "hi"}]
+    if prompt_kb:
+        turn = "x" * (prompt_kb * 1024 // 40)
+        messages = [{"role": ("user", "assistant")[i % 2], "content": f"turn {i}: {turn}"} for i in range(39)]
+        messages.append({"role": "user", "content": "hi"})
+    return {"model": "tiny", "messages": messages, "max_tokens": 4, "stream": True}
+
+
+async def one(client: httpx.AsyncClient, url: str, out: dict, key: str, body: dict) -> None:
     t0 = time.perf_counter()
     first = None
     try:
@@ -50,7 +61,7 @@ async def one(client: httpx.AsyncClient, url: str, out: dict, key: str) -> None:
     out[key + "_total"].append(time.perf_counter() - t0)
 
 
-async def run_rate(urls: dict[str, str], rate: float, seconds: float) -> dict:
+async def run_rate(urls: dict[str, str], rate: float, seconds: float, body: dict) -> dict:
     out = {f"{p}_{m}": [] for p in PATHS for m in ("ttft", "total")}
     out.update({f"{p}_errors": 0 for p in PATHS})
     # the gateway's own client: TCP_NODELAY and quick ACKs, so no path shows the kernel's
@@ -64,7 +75,7 @@ async def run_rate(urls: dict[str, str], rate: float, seconds: float) -> dict:
             if delay > 0:
                 await asyncio.sleep(delay)
             key = PATHS[i % len(PATHS)]
-            tasks.append(asyncio.create_task(one(client, urls[key], out, key)))
+            tasks.append(asyncio.create_task(one(client, urls[key], out, key, body)))
         achieved = n / (time.perf_counter() - start)
         await asyncio.gather(*tasks)
     row = {"rate": rate, "achieved_send_rate": round(achieved, 1),
@@ -86,7 +97,9 @@ def main() -> None:
     ap.add_argument("--relay-port", type=int, default=8300)
     ap.add_argument("--rates", default="10,25,50,100")
     ap.add_argument("--seconds", type=float, default=9.0)
+    ap.add_argument("--prompt-kb", type=int, default=0, help="send a ~N KB agent conversation instead of 'hi'")
     args = ap.parse_args()
+    body = chat_body(args.prompt_kb)
     relay_url = f"http://127.0.0.1:{args.relay_port}"
     relay = subprocess.Popen([sys.executable, "-m", "deploy.bench.relay", "--upstream", args.direct,
                               "--port", str(args.relay_port)])
@@ -98,13 +111,14 @@ def main() -> None:
             except httpx.TransportError:
                 time.sleep(0.1)
         urls = {"gw": args.gateway, "relay": relay_url, "direct": args.direct}
-        asyncio.run(run_rate(urls, 10, 2))  # warm-up: connections, caches, first-request costs
-        rows = [asyncio.run(run_rate(urls, float(r), args.seconds)) for r in args.rates.split(",")]
+        asyncio.run(run_rate(urls, 10, 2, body))  # warm-up: connections, caches, first-request costs
+        rows = [asyncio.run(run_rate(urls, float(r), args.seconds, body)) for r in args.rates.split(",")]
     finally:
         relay.terminate()
         relay.wait(10)
     print(json.dumps(rows, indent=2))
-    print("\nTTFT (ms)  direct p50 / p99   added by the gateway p50 / p99   added by the minimal relay p50 / p99   errors")
+    print(f"\nprompt: {len(json.dumps(body['messages'])) / 1024:.0f} KB")
+    print("TTFT (ms)  direct p50 / p99   added by the gateway p50 / p99   added by the minimal relay p50 / p99   errors")
     for r in rows:
         print(f"{r['rate']:>5.0f}/s   {r['ttft_p50_direct_ms']:>7.2f} / {r['ttft_p99_direct_ms']:<7.2f}"
               f"     {r['ttft_p50_gw_added_ms']:>7.2f} / {r['ttft_p99_gw_added_ms']:<7.2f}"
