@@ -2,7 +2,8 @@
 relay in front of it, side by side.
 
     .venv/bin/flywheel up -p sim && .venv/bin/python -m deploy.bench.gateway [--rates 10,25,50,100]
-        [--prompt-kb 512]   # an agent-sized conversation instead of "hi"
+        [--prompt-kb 512]   # an agent-sized conversation instead of "hi": the deployment's
+                            # context must hold it (flywheel up -p sim --set worker.max_model_len=262144)
 
 Open-loop load at each fixed rate (requests are sent on schedule whether or not earlier ones
 finished), streaming, with trace capture on (the gateway's normal path: durable spool, then
