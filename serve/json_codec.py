@@ -35,7 +35,7 @@ def decode_request(data: bytes, prompt_key: str) -> tuple[Any, bytes | None]:
         value = msgspec.json.decode(data)
     except msgspec.DecodeError:
         return json.loads(data), None
-    if not isinstance(value, dict) or prompt_key not in value:
+    if prompt_key not in _Prompt.__struct_fields__ or not isinstance(value, dict) or prompt_key not in value:
         return value, None
     try:
         raw = getattr(_PROMPT.decode(data), prompt_key)  # a scan, no objects: a fifth of a decode

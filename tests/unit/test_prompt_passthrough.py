@@ -116,6 +116,7 @@ def test_a_prompt_that_is_not_strict_json_goes_on_as_strict_json(gateway):
     (b'{"messages": [1]}', "prompt", None),
     (b'[1, 2]', "messages", None),
     (b'{"messages": [Infinity]}', "messages", None),
+    (b'{"": 1, "messages": [1]}', "", None),  # a route with no prompt to keep (schemathesis found a 500)
 ])
 def test_decode_request_keeps_the_prompts_own_bytes(raw, key, want):
     value, prompt = json_codec.decode_request(raw, key)
