@@ -65,3 +65,12 @@ def redis_server(tmp_path):
     server = RedisServer(tmp_path).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def recording_upstream():
+    """A loopback deployment that answers every completion and keeps what it was sent."""
+    from tests.recording_upstream import RecordingUpstream
+    deployment = RecordingUpstream()
+    yield deployment
+    deployment.stop()

@@ -1,0 +1,48 @@
+"""A deployment for gateway unit tests: answers every completion on loopback with a fixed unary
+answer (a chat completion or a text completion, by path) and keeps each request it was sent."""
+
+import json
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+USAGE = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+CHAT = {"id": "c1", "object": "chat.completion", "created": 0, "model": "tiny", "usage": USAGE,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+TEXT = {"id": "c2", "object": "text_completion", "created": 0, "model": "tiny", "usage": USAGE,
+        "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.seen.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
+        answer = json.dumps(CHAT if self.path.endswith("/chat/completions") else TEXT).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args):
+        pass
+
+
+class RecordingUpstream:
+    """Started on a free loopback port; ``seen`` lists what it received, in order."""
+
+    def __init__(self):
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server.seen = self.seen = []
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
