@@ -27,7 +27,7 @@ from serve import json_codec
 from serve.batch.lanes import InteractiveSignal
 from serve.config import GatewayConfig, Price
 from serve.errors import APIError
-from serve.ledger import Ledger, Reservation
+from serve.ledger import Ledger, Reservation, Want, reserve_together, settle_together
 from serve.shared_state import SharedState
 
 NO_LIMIT = -1
@@ -103,7 +103,18 @@ class Admission:
         prompt, completion = worst or worst_case_tokens(body)
         price = self.config.prices.get(model)
         discount = price.batch_discount if (batch and price) else 0.0
-        budget = self._reserve_budget(team, price, prompt, completion, discount)
+        budget_want = self._budget_want(team, price, prompt, completion, discount)
+        if not batch:
+            self.interactive.seen(model)  # batch lines make room (serve/batch/lanes.py)
+            lease_want = self._lease_want(deployment, prompt + completion)
+            wants = [w for w in (budget_want, lease_want) if w is not None]
+            got = reserve_together(wants)  # the usual case: budget and a free slot, one round trip
+            if not isinstance(got, int):
+                return Admitted(got[-1] if lease_want else None, got[0] if budget_want else None,
+                                prompt, completion)
+            if wants[got] is budget_want:
+                raise self._no_budget(team, prompt + completion, budget_want.b)
+        budget = self._reserve_budget(team, budget_want)  # then wait in the queue for a slot
         batch_lease = lease = None
         try:
             if batch:
@@ -112,7 +123,6 @@ class Admission:
                 if lease is None and self.config.capacity.get(deployment) is not None:
                     raise self._full(deployment, "no free slot for a batch line")
             else:
-                self.interactive.seen(model)  # batch lines make room (serve/batch/lanes.py)
                 lease = await self._lease(deployment, prompt + completion)
         except BaseException:
             for res, ledger in ((budget, self.budgets), (batch_lease, self.batch_leases)):
@@ -134,30 +144,41 @@ class Admission:
             raise self._full(deployment, f"batch lines hold their share ({share} slots)")
         return res
 
-    def _lease_now(self, deployment: str, tokens: int) -> Reservation | None:
+    def _lease_want(self, deployment: str, tokens: int) -> Want | None:
         cap = self.config.capacity.get(deployment)
         if cap is None:
             return None
-        return self.leases.reserve(deployment, _rid("l-"), tokens, 0,
-                                   (cap.max_requests, cap.max_tokens, NO_LIMIT))
+        return Want(self.leases, deployment, _rid("l-"), tokens, 0, (cap.max_requests, cap.max_tokens, NO_LIMIT))
 
-    def _reserve_budget(self, team: str, price: Price | None, prompt: int, completion: int,
-                        discount: float = 0.0) -> Reservation | None:
+    def _lease_now(self, deployment: str, tokens: int) -> Reservation | None:
+        want = self._lease_want(deployment, tokens)
+        return None if want is None else self.leases.reserve(want.name, want.rid, want.a, want.b, want.limits)
+
+    def _budget_want(self, team: str, price: Price | None, prompt: int, completion: int,
+                     discount: float = 0.0) -> Want | None:
         limit = self.config.budgets.get(team)
         if limit is None:
             return None
         # the worst case: no prompt token cached (unless cheaper)
         cost_micro = max(micro_usd(prompt, completion, price), micro_usd(prompt, completion, price, prompt))
         cost_micro = math.ceil(cost_micro * (1 - discount))
-        cost_usd = cost_micro / 1e6
-        res = self.budgets.reserve(team, _rid("b-"), prompt + completion, cost_micro,
-                                   (NO_LIMIT, limit.tokens if limit.tokens is not None else NO_LIMIT,
-                                    limit.usd * 1e6 if limit.usd is not None else NO_LIMIT))
+        return Want(self.budgets, team, _rid("b-"), prompt + completion, cost_micro,
+                    (NO_LIMIT, limit.tokens if limit.tokens is not None else NO_LIMIT,
+                     limit.usd * 1e6 if limit.usd is not None else NO_LIMIT))
+
+    def _reserve_budget(self, team: str, want: Want | None) -> Reservation | None:
+        if want is None:
+            return None
+        res = self.budgets.reserve(want.name, want.rid, want.a, want.b, want.limits)
         if res is None:
-            raise APIError(429, f"team {team!r} has not enough budget left for this request "
-                                f"(worst case {prompt + completion} tokens, ${cost_usd:.6f}); see GET /v1/usage",
-                           type="insufficient_quota", code="insufficient_quota")
+            raise self._no_budget(team, want.a, want.b)
         return res
+
+    @staticmethod
+    def _no_budget(team: str, tokens: int, cost_micro: int) -> APIError:
+        return APIError(429, f"team {team!r} has not enough budget left for this request "
+                             f"(worst case {tokens} tokens, ${cost_micro / 1e6:.6f}); see GET /v1/usage",
+                        type="insufficient_quota", code="insufficient_quota")
 
     async def _lease(self, deployment: str, tokens: int) -> Reservation | None:
         res = self._lease_now(deployment, tokens)
@@ -200,22 +221,20 @@ class Admission:
         call (an error path after the request was settled) changes nothing."""
         lease, res, batch_lease = admitted.lease, admitted.budget, admitted.batch_lease
         admitted.lease = admitted.budget = admitted.batch_lease = None
-        if lease is not None:
-            self.leases.settle(lease)
-        if batch_lease is not None:
-            self.batch_leases.settle(batch_lease)
-        if res is None:
-            return
-        cached = 0
-        if usage:
-            tin, tout = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        elif produced:
-            tin, tout = admitted.prompt_tokens, produced
-        else:
-            tin = tout = 0
-        cost = micro_usd(tin, tout, self.config.prices.get(model), cached)
-        self.budgets.settle(res, tin + tout, math.ceil(cost * (1 - admitted.discount)))
+        settles = [(ledger, r, 0, 0) for ledger, r in ((self.leases, lease), (self.batch_leases, batch_lease))
+                   if r is not None]
+        if res is not None:
+            cached = 0
+            if usage:
+                tin, tout = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            elif produced:
+                tin, tout = admitted.prompt_tokens, produced
+            else:
+                tin = tout = 0
+            cost = micro_usd(tin, tout, self.config.prices.get(model), cached)
+            settles.append((self.budgets, res, tin + tout, math.ceil(cost * (1 - admitted.discount))))
+        settle_together(settles)  # one round trip for all of them
 
     def usage(self, team: str) -> dict:
         t = self.budgets.totals(team)

@@ -15,6 +15,8 @@ class Chooser:
     def order(self, route: ModelRoute, session: str | None) -> list[str]:
         """The deployments to try, in order."""
         deps = [route.deployment] + [d for d in route.fallbacks if d != route.deployment]
+        if not session or len(deps) < 2:
+            return deps  # nothing to order by: no breaker states to read (one Redis call each)
         healthy = {d for d in deps if self.breakers.state_of(d) != "open"}
         return self.affinity.order(session, deps, healthy)
 

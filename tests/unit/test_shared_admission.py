@@ -112,6 +112,33 @@ def test_concurrent_requests_never_overspend_a_budget(state):
     assert usage["spent_usd"] == pytest.approx(spent / 220 * (20 * 1 + 200 * 2) / 1e6)
 
 
+def test_budget_and_slot_are_taken_together_or_not_at_all(state):
+    # one round trip reserves both; a refusal of either must leave nothing held in the other
+    adm = Admission(config(), state)
+
+    async def go():
+        with pytest.raises(APIError) as exc:  # over budget: no slot taken for it
+            await adm.admit("d1", "red", "tiny", {**BODY, "max_tokens": 2000})
+        assert exc.value.code == "insufficient_quota" and adm.leases_held("d1") == (0, 0)
+        a = await adm.admit("d1", "red", "tiny", BODY)
+        assert adm.leases_held("d1")[0] == 1 and adm.usage("red")["in_flight"] == 1
+        b = await adm.admit("d1", "blue", "tiny", BODY)
+        # the deployment is full: the request waits for a slot holding its budget, then gives up
+        waiter = asyncio.create_task(adm.admit("d1", "red", "tiny", BODY))
+        await asyncio.sleep(0.1)
+        assert adm.usage("red")["in_flight"] == 2 and adm.leases_held("d1")[0] == 2
+        with pytest.raises(APIError) as exc:
+            await waiter
+        assert exc.value.code == "capacity_exceeded"
+        assert adm.usage("red")["in_flight"] == 1 and adm.leases_held("d1")[0] == 2
+        adm.release(a, "tiny", {"prompt_tokens": 5, "completion_tokens": 7})
+        adm.release(b, "tiny", None)
+    asyncio.run(go())
+    assert adm.leases_held("d1") == (0, 0)
+    usage = adm.usage("red")
+    assert (usage["in_flight"], usage["reserved_tokens"], usage["spent_tokens"]) == (0, 0, 12)
+
+
 def test_breaker_opens_on_errors_and_a_probe_closes_it(state):
     br = Breakers(state, BreakerConfig(window_s=5, min_requests=3, error_rate=0.5, open_s=0.3))
     for ok in (True, False, False):
