@@ -54,7 +54,7 @@ return state
 _ALLOW = """
 local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
-if state == 'closed' then return 1 end
+if state == 'closed' then return 2 end
 local open_s, probe_s = tonumber(ARGV[1]), tonumber(ARGV[2])
 if state == 'open' then
   if now >= tonumber(redis.call('HGET', KEYS[1], 'opened_at')) + open_s then
@@ -75,6 +75,7 @@ class Breakers:
     def __init__(self, state: SharedState, cfg: BreakerConfig):
         self.state, self.cfg = state, cfg
         self._local: dict[str, dict] = {}
+        self._closed_at: dict[str, float] = {}  # dep -> when Redis last said closed
         self._lock = threading.Lock()
 
     def _keys(self, dep: str) -> list[str]:
@@ -83,9 +84,18 @@ class Breakers:
     def _local_breaker(self, dep: str) -> dict:
         return self._local.setdefault(dep, {"state": CLOSED, "events": deque(), "errors": 0})
 
+    def _heard(self, dep: str, closed: bool) -> None:
+        if closed:
+            self._closed_at[dep] = time.monotonic()
+        else:
+            self._closed_at.pop(dep, None)
+
     def allow(self, dep: str) -> bool:
+        if self.state.shared and time.monotonic() - self._closed_at.get(dep, -1e9) < self.cfg.closed_view_s:
+            return True
         shared = self.state.run("allow", _ALLOW, self._keys(dep), [self.cfg.open_s, self.cfg.probe_timeout_s])
         if shared is not LOCAL:
+            self._heard(dep, shared == 2)  # 2: closed; 1: a probe let through
             return bool(shared)
         with self._lock:
             b = self._local_breaker(dep)
@@ -108,6 +118,7 @@ class Breakers:
                                 ["1" if ok else "0", self.cfg.window_s, self.cfg.min_requests,
                                  self.cfg.error_rate, os.urandom(6).hex()])
         if shared is not LOCAL:
+            self._heard(dep, shared == CLOSED)
             return shared
         with self._lock:
             b = self._local_breaker(dep)

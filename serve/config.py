@@ -67,6 +67,10 @@ class BreakerConfig(StrictModel):
     error_rate: float = 0.5
     open_s: float = Field(5.0, description="how long an open breaker keeps traffic away")
     probe_timeout_s: float = 30.0
+    # With Redis, "closed" as this replica last heard it (from an allow, or the state every
+    # outcome it records returns) is trusted this long, so a healthy deployment's requests make
+    # no Redis call to be let through; open and half-open are always asked.
+    closed_view_s: float = Field(0.25, ge=0)
 
 
 class Budget(StrictModel):

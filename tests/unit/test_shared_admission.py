@@ -194,6 +194,25 @@ def test_two_replicas_share_state_through_redis(redis_server):
     assert bb.state_of("d") == "open"  # replica b sees what replica a saw
 
 
+def test_a_replica_trusts_closed_briefly_and_hears_open_from_any_outcome(redis_server):
+    import redis
+    a, b = SharedState(redis_server.url), SharedState(redis_server.url)
+    opener = Breakers(a, BreakerConfig(min_requests=2, error_rate=0.5))
+    trusting = Breakers(b, BreakerConfig(closed_view_s=60))
+    asking = Breakers(b, BreakerConfig(closed_view_s=0))
+    scripts = lambda: redis.Redis.from_url(redis_server.url).info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    asking.allow("another")  # the script is loaded into Redis
+    before = scripts()
+    assert all(trusting.allow("d") for _ in range(20))
+    assert scripts() - before == 1  # a healthy deployment costs its requests no Redis call
+    opener.record("d", False)
+    opener.record("d", False)
+    assert not asking.allow("d")
+    assert trusting.allow("d")  # within its view of closed: at most closed_view_s (or one outcome) late
+    assert trusting.record("d", True) == "open"  # every outcome it records brings the state back
+    assert not trusting.allow("d")
+
+
 def test_without_redis_the_gateway_keeps_admitting_locally(redis_server):
     st = SharedState(redis_server.url, retry_s=0.2)
     adm = Admission(config(), st)
