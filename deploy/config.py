@@ -12,7 +12,7 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -322,6 +322,25 @@ def config_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:
     return keys
 
 
+def _entry_keys(key: str) -> list[str]:
+    """For a key inside a map of settings (``gateway.prices.tiny.output``), the keys that entry
+    takes (``gateway.prices.tiny.output_per_mtok`` ...): config_keys lists such a map as one key."""
+    parts, model = key.split("."), StackConfig
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            model = sub
+            continue
+        value = get_args(sub)[1] if get_origin(sub) is dict else None
+        if isinstance(value, type) and issubclass(value, BaseModel) and i + 2 < len(parts):
+            return config_keys(value, ".".join(parts[:i + 2]) + ".")
+        return []
+    return []
+
+
 def _explain(exc: ValidationError) -> str:
     """Say what is wrong in configuration words: the dotted key, and for a typo the closest key."""
     import difflib
@@ -330,7 +349,7 @@ def _explain(exc: ValidationError) -> str:
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
+            close = difflib.get_close_matches(key, config_keys() + _entry_keys(key), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r} (FLYWHEEL_{close[0].upper().replace('.', '__')})?" if close else ""
             lines.append(f"unknown config key {key!r} (from the profile, a FLYWHEEL_* variable or --set){hint}")
         else:

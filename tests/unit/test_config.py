@@ -118,6 +118,7 @@ def test_the_host_tier_starts_a_mooncake_master_and_wires_the_workers_to_it(tmp_
     (["gateway.prot=8001"], {}, "gateway.prot", "gateway.port"),
     (["worker.cuont=3"], {}, "worker.cuont", "worker.count"),
     ([], {"FLYWHEEL_GATEWAY_PORT": "9"}, "gateway_port", "gateway.port"),
+    (["gateway.prices.tiny.output=0.4"], {}, "gateway.prices.tiny.output", "gateway.prices.tiny.output_per_mtok"),
 ])
 def test_an_unknown_config_key_is_an_error_naming_the_closest_valid_key(tmp_path, overrides, environ, wrong, meant):
     with pytest.raises(ValueError) as err:
