@@ -37,6 +37,7 @@ from serve.metrics import Metrics
 from serve.routes import RouteTable
 from serve.openapi import install as install_openapi
 from serve.openapi import json_body
+from serve.query_pool import QueryPool
 from serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
                             generate_response)
 from serve.shared_state import SharedState
@@ -66,6 +67,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics)
     files, batches = FileStore(config.traces_dir), BatchStore(config.traces_dir)
     batch_runner = BatchRunner(config, batches, files, forwarder)
+    queries = QueryPool(config.query, config.query_timeout_s, trace_query.spill_root(config))
 
     def caller_of(request: Request) -> Caller:
         return authenticate(request, config, keys)
@@ -83,6 +85,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         await app.state.http.aclose()
         await forwarder.pool.aclose()
         writer.close()
+        queries.close()
 
     async def serve(operation: str, headers: dict[str, str], raw: bytes):
         """A completion request, from its raw body to the client's answer (the hot path)."""
@@ -102,13 +105,13 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     app.state.writer, app.state.routes, app.state.admission = writer, routes, admission
     install_error_handlers(app)
     install_openapi(app)
-    app.include_router(trace_query.router(config.traces_dir, caller_of, config.query_timeout_s))
+    app.include_router(trace_query.router(config, queries, caller_of))
     app.include_router(feedback_api.router(config.traces_dir, caller_of))
     app.include_router(batch_api.router(config, files, batches, batch_runner, caller_of))
     app.include_router(engine_admin.router(config, routes, lambda r: require_admin(r, config)))
     app.include_router(weights.router(config, routes, lambda r: require_admin(r, config)))
     if config.ui.enabled:
-        ui.install(app, config, keys)
+        ui.install(app, config, keys, queries)
 
     @app.get("/health")
     async def health():

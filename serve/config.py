@@ -123,6 +123,21 @@ class UIConfig(StrictModel):
     sql_max_rows: int = Field(1000, ge=1, description="rows the SQL console shows (downloads: 1M)")
 
 
+class QueryConfig(StrictModel):
+    """SQL over the trace store (`/v1/traces/query` and the trace browser), run in worker
+    processes so that no query can take the gateway's memory or event loop (serve/query_pool.py)."""
+    workers: int = Field(2, ge=1, description="queries run at once on this replica; more wait, within their deadline")
+    memory_mb: int = Field(2048, ge=768, description="a worker's data segment (RLIMIT_DATA): a query "
+                           "that needs more is refused with 413, and the gateway is untouched")
+    max_result_bytes: int = Field(64 << 20, ge=1 << 16, description="a query's answer (JSON, a page, "
+                                  "a download): a longer result is cut and says truncated, or is a 413")
+    spill_dir: str | None = Field(None, description="where DuckDB spills what does not fit its memory; "
+                                  "None: the system's temporary directory, never the trace spool's disk")
+    max_spill_mb: int = Field(1024, ge=0, description="the most a query may spill (0: never spill)")
+    grace_s: float = Field(2.0, gt=0, description="past the deadline, a worker that has not answered is "
+                           "killed after this")
+
+
 class GatewayConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -137,7 +152,9 @@ class GatewayConfig(StrictModel):
                                  "(must be stable across restarts); default gateway-<port>")
     keys_file: str | None = Field(None, description="hashed API keys (flywheel keys ...)")
     require_api_key: bool = Field(False, description="refuse calls without a valid team key")
-    query_timeout_s: float = 30.0
+    query_timeout_s: float = Field(30.0, gt=0, description="a SQL query's deadline, from its arrival to "
+                                   "its whole answer")
+    query: QueryConfig = QueryConfig()
     admin_key: str | None = Field(None, description="bearer key for /admin routes; None disables them")
     upstream_timeout_s: float = 600.0
     max_body_bytes: int = Field(32 << 20, description="larger request bodies get 413 before they are read "

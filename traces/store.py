@@ -21,6 +21,7 @@ sees only that team's rows.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
 import pyarrow as pa
@@ -86,9 +87,14 @@ def _sql_str(s: str) -> str:
 
 class TraceStore:
     def __init__(self, root: str | Path, team: str | None = None, sandbox: bool = False,
-                 threads: int | None = None, memory_limit: str = "1GB"):
+                 threads: int | None = None, memory_limit: str = "1GB", spill_dir: str | Path | None = None,
+                 max_spill_bytes: int = 0):
+        """``memory_limit`` bounds DuckDB's buffer pool (not every string an expression builds:
+        a sandboxed caller bounds the process too, see ``serve.query_pool``). A sandboxed store
+        spills at most ``max_spill_bytes`` into ``spill_dir`` (0 or no directory: never)."""
         self.root = Path(root)
         self.team, self.memory_limit = team, memory_limit
+        self.spill_dir, self.max_spill_bytes = spill_dir, max_spill_bytes
         self.sandbox = sandbox or team is not None
         self.con = duckdb.connect(":memory:")
         if threads:
@@ -162,6 +168,12 @@ class TraceStore:
         if self.team is None:  # the admin's sandbox reads the files themselves, and only those
             self.con.execute(f"SET allowed_directories = [{_sql_str(str(self.root.resolve()) + '/')}]")
         self.con.execute(f"SET memory_limit = {_sql_str(self.memory_limit)}")
+        # DuckDB's default spills, unbounded, into a .tmp folder where the process was started
+        if self.spill_dir and self.max_spill_bytes > 0:
+            self.con.execute(f"SET temp_directory = {_sql_str(str(self.spill_dir))}")
+            self.con.execute(f"SET max_temp_directory_size = '{int(self.max_spill_bytes)}B'")
+        else:
+            self.con.execute("SET temp_directory = ''")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
         self._locked = True
@@ -186,6 +198,20 @@ class TraceStore:
                 raise SnapshotGone(str(exc)) from None
         self.refresh()
         return self._fetch(query, limit, params)
+
+    def batches(self, query: str, params: list | None = None,
+                rows_per_batch: int = 256) -> tuple[list[str], Iterator[pa.RecordBatch]]:
+        """The query's column names and its rows as they stream out of DuckDB, a batch at a
+        time, so a caller can stop once it has read enough. A file of the snapshot removed
+        meanwhile raises :class:`SnapshotGone`, as ``sql`` does on a sandboxed store."""
+        rel = self.relation(query, params)
+        if rel is None:
+            return [], iter(())
+        try:
+            reader = rel.to_arrow_reader(rows_per_batch)
+        except duckdb.IOException as exc:
+            raise (SnapshotGone(str(exc)) if _file_gone(exc) else exc) from None
+        return list(reader.schema.names), _snapshot_batches(reader)
 
     def _fetch(self, query: str, limit: int | None, params: list | None) -> pa.Table:
         rel = self.relation(query, params)
@@ -236,6 +262,13 @@ def _team_dataset(root: Path, files: list[Path], schema: pa.Schema, team: str, h
                          partitioning=ds.partitioning(_PARTITIONS, flavor="hive") if hive else None,
                          partition_base_dir=str(root) if hive else None)
     return dataset.filter(ds.field("team") == team)
+
+
+def _snapshot_batches(reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from reader
+    except duckdb.IOException as exc:
+        raise (SnapshotGone(str(exc)) if _file_gone(exc) else exc) from None
 
 
 class SnapshotGone(RuntimeError):

@@ -3,19 +3,15 @@ a SQL console over the same team-scoped views as ``POST /v1/traces/query``."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import duckdb
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from serve.admission import micro_usd
 from serve.ui.charts import bars
-from serve.ui.queries import Reader
 from serve.ui.web import Web
 from traces.guard import QueryRefused
 
@@ -29,7 +25,7 @@ def router(web: Web) -> APIRouter:
     @api.get("/ui/checkpoints")
     async def checkpoints(request: Request):
         session = web.session(request)
-        stats = await web.read(session, Reader.by_checkpoint)
+        stats = await web.read(session, "by_checkpoint")
         registered = _registry(config.checkpoints_file)
         versions = {"base": _unregistered("base", "base", None), **registered}
         for v in stats:  # served under a version the registry does not know (another home, deleted)
@@ -45,7 +41,7 @@ def router(web: Web) -> APIRouter:
     @api.get("/ui/usage")
     async def usage(request: Request):
         session = web.session(request)
-        rows = await web.read(session, Reader.usage)
+        rows = await web.read(session, "usage")
         for r in rows:  # priced as the ledger prices a request (whole micro-dollars)
             r["cost_usd"] = micro_usd(r["input_tokens"], r["output_tokens"], config.prices.get(r["model"]),
                                       r["cached_input_tokens"]) / 1e6
@@ -71,14 +67,12 @@ def router(web: Web) -> APIRouter:
         if form is None:
             return web.expired(session)
         sql = str(form.get("sql", "")).strip()
-        limit = config.ui.sql_max_rows
         try:
-            table = await web.read(session, lambda r: r.table(sql, None, limit + 1))
+            columns, rows, truncated = await web.read(session, "console", sql, config.ui.sql_max_rows)
         except (QueryRefused, duckdb.Error) as exc:
             return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
-        rows = [[_cell(v) for v in r.values()] for r in table.slice(0, limit).to_pylist()]
-        return web.page("sql.html", session, sql=sql, result={"columns": table.column_names, "rows": rows},
-                        error=None, truncated=table.num_rows > limit)
+        return web.page("sql.html", session, sql=sql, result={"columns": columns, "rows": rows},
+                        error=None, truncated=truncated)
 
     @api.get("/ui/sql/download")
     async def sql_download(request: Request, sql: str = "", format: str = "csv"):
@@ -86,15 +80,10 @@ def router(web: Web) -> APIRouter:
         if format not in ("csv", "parquet"):
             return web.page("error.html", session, 400, title="Bad request", message="format is csv or parquet")
         try:
-            table = await web.read(session, lambda r: r.table(sql, None, DOWNLOAD_MAX_ROWS))
+            data = await web.read(session, "download", sql, format, DOWNLOAD_MAX_ROWS)
         except (QueryRefused, duckdb.Error) as exc:
             return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
-        out = io.BytesIO()
-        if format == "csv":
-            pacsv.write_csv(_csv_ready(table), out)
-        else:
-            pq.write_table(table, out, compression="zstd")
-        return Response(out.getvalue(), media_type="text/csv" if format == "csv" else "application/vnd.apache.parquet",
+        return Response(data, media_type="text/csv" if format == "csv" else "application/vnd.apache.parquet",
                         headers={"Content-Disposition": f'attachment; filename="traces-query.{format}"'})
 
     return api
@@ -131,24 +120,3 @@ def _tree(versions: dict[str, dict]) -> list[tuple[str, int]]:
 
 def _reason(exc: Exception) -> str:
     return f"query refused: {exc}" if isinstance(exc, QueryRefused) else f"query failed: {exc}"
-
-
-def _cell(value) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, (list, dict)):
-        text = json.dumps(value, default=str)
-        return text if len(text) <= 300 else text[:300] + "…"
-    return str(value)
-
-
-def _csv_ready(table):
-    """CSV has no lists: list columns are written as JSON text."""
-    import pyarrow as pa
-    cols = []
-    for name in table.column_names:
-        col = table.column(name)
-        if pa.types.is_list(col.type) or pa.types.is_struct(col.type) or pa.types.is_map(col.type):
-            col = pa.array([None if v is None else json.dumps(v, default=str) for v in col.to_pylist()], pa.string())
-        cols.append(col)
-    return pa.table(cols, names=table.column_names)

@@ -67,7 +67,7 @@ def router(web: Web, keys: KeyStore | None) -> APIRouter:
         filters = TraceFilters.from_query(request.query_params)
         page = max(page, 0)
         try:
-            rows, more = await web.read(session, lambda r: r.traces(filters, page, config.ui.page_size))
+            rows, more = await web.read(session, "traces", filters, page, config.ui.page_size)
         except BadFilter as exc:
             return web.page("traces.html", session, 400, rows=[], filters=filters, error=str(exc),
                             page=page, prev_url=None, next_url=None)
@@ -82,10 +82,10 @@ def router(web: Web, keys: KeyStore | None) -> APIRouter:
         return await _trace_page(session, trace_id)
 
     async def _trace_page(session, trace_id: str, status: int = 200, error: str | None = None):
-        record = await web.read(session, lambda r: r.trace(trace_id))
+        record = await web.read(session, "trace", trace_id)
         if record is None:
             return web.not_found(session, f"Trace {trace_id}")
-        feedback = await web.read(session, lambda r: r.feedback(trace_id))
+        feedback = await web.read(session, "feedback", trace_id)
         tokenizer = await run_in_threadpool(tokenizer_for, config, record["deployment"])
         return web.page("trace.html", session, status, t=record, feedback=feedback, error=error,
                         messages=_messages(record["gen_ai_input_messages"]),
@@ -99,7 +99,7 @@ def router(web: Web, keys: KeyStore | None) -> APIRouter:
         form = await web.form(request, session)
         if form is None:
             return web.expired(session)
-        if await web.read(session, lambda r: r.trace(trace_id)) is None:
+        if await web.read(session, "trace", trace_id) is None:
             return web.not_found(session, f"Trace {trace_id}")
         fields = {k: str(form.get(k)).strip() for k in ("name", "reward", "score", "label", "comment")
                   if str(form.get(k) or "").strip()}
@@ -115,7 +115,7 @@ def router(web: Web, keys: KeyStore | None) -> APIRouter:
     @api.get("/ui/sessions/{session_id}")
     async def session_page(request: Request, session_id: str):
         session = web.session(request)
-        turns = await web.read(session, lambda r: r.session(session_id))
+        turns = await web.read(session, "session", session_id)
         if not turns:
             return web.not_found(session, f"Session {session_id}")
         widest = max((t["reused_tokens"] or 0) + (t["new_tokens"] or 0) for t in turns) or 1

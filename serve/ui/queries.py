@@ -7,11 +7,15 @@ reaches DuckDB as a bound parameter (``$n``), never inside the SQL text.
 
 from __future__ import annotations
 
+import io
+import json
 from dataclasses import dataclass, fields
 from datetime import date, datetime, timezone
 from pathlib import Path
 
-from serve.trace_query import scoped_query, scoped_store
+import pyarrow as pa
+
+from serve.trace_query import QueryLimits, json_rows, scoped_query, scoped_store
 from traces.store import SnapshotGone
 
 LIST_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_version,
@@ -119,8 +123,9 @@ class Reader:
     """One caller's view of the store for one page: ``team`` None is the admin (every team).
     The snapshot is opened once, on the first query, and serves all of the page's queries."""
 
-    def __init__(self, traces_dir: str, team: str | None, timeout_s: float):
+    def __init__(self, traces_dir: str, team: str | None, timeout_s: float, limits: QueryLimits | None = None):
         self.traces_dir, self.team, self.timeout_s = traces_dir, team, timeout_s
+        self.limits = limits or QueryLimits(timeout_s=timeout_s)
         self._store = None
 
     def rows(self, sql: str, params: list | None = None, limit: int = 100_000) -> list[dict]:
@@ -135,7 +140,7 @@ class Reader:
 
     def _snapshot(self):
         if self._store is None:
-            self._store = scoped_store(self.traces_dir, self.team)
+            self._store = scoped_store(self.traces_dir, self.team, self.limits)
         return self._store
 
     def traces(self, filters: TraceFilters, page: int, size: int) -> tuple[list[dict], bool]:
@@ -231,3 +236,60 @@ class Reader:
                          "coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens, "
                          "coalesce(sum(cached_input_tokens), 0)::BIGINT AS cached_input_tokens "
                          "FROM usage_by_team GROUP BY ALL ORDER BY day, team, model")
+
+    def console(self, sql: str, limit: int) -> tuple[list[str], list[list[str]], bool]:
+        """The SQL console's answer: column names, at most ``limit`` rows of cells cut to 300
+        characters, and whether rows were left out."""
+        table = self.table(sql, None, limit + 1)
+        rows = [[_cell(v) for v in r] for r in _rows(table.slice(0, limit))]
+        return table.column_names, rows, table.num_rows > limit
+
+    def download(self, sql: str, format: str, max_rows: int) -> bytes:
+        """The whole result as a CSV or Parquet file (at most ``max_rows`` rows)."""
+        import pyarrow.csv as pacsv
+        import pyarrow.parquet as pq
+        table = self.table(sql, None, max_rows)
+        out = io.BytesIO()
+        if format == "csv":
+            pacsv.write_csv(_as_text(table, lambda t: not any(is_type(t) for is_type in _CSV_TYPES)), out)
+        else:  # Parquet has no interval of months, days and nanoseconds, nor a union
+            pq.write_table(_as_text(table, lambda t: pa.types.is_interval(t) or pa.types.is_union(t)), out,
+                           compression="zstd")
+        return out.getvalue()
+
+
+def read(traces_dir: str, team: str | None, limits: QueryLimits, method: str, args: tuple):
+    """``Reader(...).method(*args)``: what a query worker runs for a trace-browser page."""
+    return getattr(Reader(traces_dir, team, limits.timeout_s, limits), method)(*args)
+
+
+def _rows(table) -> list[list]:
+    """Rows as Python values; a date or time Python cannot hold (year 0, 10000...) as text."""
+    return [json.loads(r) for b in table.to_batches() for r in json_rows(b)]
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "NULL"
+    text = json.dumps(value, default=str) if isinstance(value, (list, dict)) else str(value)
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+_CSV_TYPES = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+              pa.types.is_large_string, pa.types.is_decimal, pa.types.is_null, pa.types.is_timestamp,
+              pa.types.is_date, pa.types.is_time)
+
+
+def _as_text(table, needs_text):
+    """``table`` with each column whose type ``needs_text`` written as text (JSON for the
+    nested ones): CSV has only scalars, and Parquet lacks a few of DuckDB's types."""
+    cols = []
+    for name in table.column_names:
+        col = table.column(name)
+        if needs_text(col.type):
+            values = [v for b in pa.Table.from_arrays([col], names=[name]).to_batches()
+                      for v in (json.loads(r)[0] for r in json_rows(b))]
+            col = pa.array([None if v is None else v if isinstance(v, str) else json.dumps(v) for v in values],
+                           pa.string())
+        cols.append(col)
+    return pa.table(cols, names=table.column_names)

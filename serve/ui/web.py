@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, TypeVar
 from urllib.parse import quote
 
+import duckdb
 from fastapi import Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from serve.config import GatewayConfig
-from serve.ui.queries import Reader
+from serve.query_pool import QueryDeadline, QueryPool, QueryTooLarge, QueryWorkerLost
+from serve.trace_query import QueryLimits, query_failure
+from serve.ui.queries import read
 from serve.ui.session import COOKIE, Sessions, UISession
 
 HERE = Path(__file__).parent
-T = TypeVar("T")
+
+
+class QueryFailed(Exception):
+    """A page's query ran out of time or memory: the page says so, with its status."""
+
+    def __init__(self, session: UISession, status: int, message: str):
+        self.session, self.status, self.message = session, status, message
 
 
 class LoginNeeded(Exception):
@@ -27,8 +34,9 @@ class LoginNeeded(Exception):
 
 
 class Web:
-    def __init__(self, config: GatewayConfig, sessions: Sessions):
-        self.config, self.sessions = config, sessions
+    def __init__(self, config: GatewayConfig, sessions: Sessions, queries: QueryPool):
+        self.config, self.sessions, self.queries = config, sessions, queries
+        self.limits = QueryLimits.of(config)
         self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True,
                                undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
         self.env.filters["pretty"] = pretty_json
@@ -42,13 +50,17 @@ class Web:
             raise LoginNeeded(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
         return session
 
-    def reader(self, session: UISession) -> Reader:
-        return Reader(self.config.traces_dir, None if session.caller.admin else session.caller.team,
-                      self.config.query_timeout_s)
-
-    async def read(self, session: UISession, query: Callable[[Reader], T]) -> T:
-        """Run ``query`` on the caller's reader off the event loop (DuckDB blocks)."""
-        return await run_in_threadpool(query, self.reader(session))
+    async def read(self, session: UISession, method: str, *args):
+        """``Reader.method(*args)`` for the caller's team, in a query worker (``serve.query_pool``):
+        a page's SQL can neither block the event loop nor take the gateway's memory. A query
+        that ran out of time or memory is :class:`QueryFailed`."""
+        team = None if session.caller.admin else session.caller.team
+        try:
+            return await self.queries.run(read, self.config.traces_dir, team, self.limits, method, args)
+        except (QueryDeadline, QueryTooLarge, QueryWorkerLost, duckdb.InterruptException,
+                duckdb.OutOfMemoryException) as exc:
+            failure = query_failure(exc, self.config.query_timeout_s)
+            raise QueryFailed(session, failure.status, failure.message) from None
 
     def page(self, template: str, session: UISession | None, status: int = 200, **values) -> HTMLResponse:
         html = self.env.get_template(template).render(

@@ -1,5 +1,7 @@
 """A gateway (FastAPI TestClient) over a store seeded with 4 red and 2 blue traces, and keys."""
 
+from contextlib import contextmanager
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -12,6 +14,13 @@ from traces.writer import TraceWriter
 @pytest.fixture
 def setup(tmp_path):
     """(client, {'red': key, 'blue': key, 'revoked': key, 'admin': key})"""
+    with seeded_gateway(tmp_path) as found:
+        yield found
+
+
+@contextmanager
+def seeded_gateway(tmp_path, **config):
+    """The ``setup`` fixture's gateway, with ``config`` set on its GatewayConfig."""
     root = tmp_path / "traces"
     writer = TraceWriter(root, "seed")
     for i in range(6):
@@ -26,6 +35,7 @@ def setup(tmp_path):
     keys.revoke(revoked_rec.id)
     cfg = GatewayConfig(deployments=[Deployment(name="d", url="http://127.0.0.1:9")],
                         models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-                        traces_dir=str(root), keys_file=str(tmp_path / "keys.json"), admin_key="adm")
+                        traces_dir=str(root), keys_file=str(tmp_path / "keys.json"), admin_key="adm",
+                        **config)
     with TestClient(create_app(cfg)) as client:
         yield client, {"red": red, "blue": blue, "revoked": revoked, "admin": "adm"}
