@@ -48,6 +48,10 @@ class ToolsConfig(StrictModel):
     layout: Literal["glm47", "glm45"] = Field("glm47", description="GLM tool-call layout the model writes")
     max_string_length: int = Field(4096, description="bound for string arguments the schema leaves unbounded")
     max_array_items: int = Field(256, description="bound for arrays the schema leaves unbounded")
+    max_tools: int = Field(128, ge=1, description="tools in one request (OpenAI's limit)")
+    max_tools_bytes: int = Field(512 << 10, ge=1024, description="the JSON of one request's tools: each "
+                                 "new schema costs ~4 ms to check (~6 s per MB)")
+    max_schema_depth: int = Field(32, ge=4, description="nesting of the tools' JSON")
 
 
 class Capacity(StrictModel):

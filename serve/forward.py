@@ -33,7 +33,7 @@ from serve.outcome import Outcome
 from serve.relay import read_unary, relay
 from serve.send import send
 from serve.settle import Settler
-from serve.tools.definitions import Bounds, parse_tools
+from serve.tools.definitions import Bounds, ToolLimits, is_checked, parse_tools
 from serve.tools.grammar import grammar_for
 from serve.upstream import Rewrite
 from serve.upstream_pool import UpstreamPool
@@ -57,6 +57,8 @@ class Forwarder:
         self.chooser = Chooser(breakers, affinity)
         self.settler = Settler(writer, admission, breakers, metrics, config.admission.lease_ttl_s / 3)
         self.bounds = Bounds(config.tools.max_string_length, config.tools.max_array_items)
+        self.tool_limits = ToolLimits(config.tools.max_tools, config.tools.max_tools_bytes,
+                                      config.tools.max_schema_depth)
         self.pool = UpstreamPool(read_timeout=config.upstream_timeout_s)
 
     async def forward(self, operation: str, body: dict, ctx: RequestContext):
@@ -69,7 +71,7 @@ class Forwarder:
         worst = worst_case_tokens(body, ctx.prompt_json)  # once: it measures the whole prompt
         if might_overflow(body, dep.max_model_len, worst):
             await asyncio.to_thread(check_text, body, dep.max_model_len, dep.model_path)
-        tool_req = parse_tools(body, self.bounds) if operation == "chat" else None
+        tool_req = await self._tools(body) if operation == "chat" else None
         if tool_req is not None and body.get("guided_grammar"):
             raise APIError(400, "guided_grammar cannot be combined with tools", param="guided_grammar")
         capture = Capture(ctx)
@@ -125,6 +127,13 @@ class Forwarder:
         await self.settler.durable(capture.record(last_error.status, last_error.message, last_outcome))
         self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
         raise last_error
+
+    async def _tools(self, body: dict):
+        """The request's tools, checked: tools already seen on the loop, new ones (~4 ms a
+        schema) in a thread, so a request of many new schemas cannot stall other requests."""
+        if is_checked(body, self.bounds, self.tool_limits):
+            return parse_tools(body, self.bounds, self.tool_limits)
+        return await asyncio.to_thread(parse_tools, body, self.bounds, self.tool_limits)
 
     async def _attempt(self, attempt: Attempt) -> dict | Stream:
         """Send, then relay a stream or read a unary answer; the answer is delivered only once

@@ -1,0 +1,108 @@
+"""One request must not stall the gateway: tools are bounded before any schema is read, new
+schemas and large bodies are checked off the event loop, and hostile shapes are 400s."""
+
+import threading
+
+import pytest
+
+from serve.tools import definitions
+from tests.unit.test_gateway_errors import CHAT, assert_openai_error, client  # noqa: F401 (fixture)
+
+
+def tool(i: int, params: dict | None = None) -> dict:
+    return {"type": "function", "function": {"name": f"t{i}", "parameters": params or {
+        "type": "object", "properties": {"q": {"type": "string"}}}}}
+
+
+def nested(depth: int) -> bytes:
+    """A chat request whose one tool's schema nests objects ``depth`` deep (as text: json cannot
+    write it)."""
+    schema = '{"type": "object", "properties": {"x": ' * depth + '{"type": "object"}' + "}}" * depth
+    return (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+            b'"function": {"name": "f", "parameters": ' + schema.encode() + b"}}]}")
+
+
+def test_more_tools_than_allowed_is_400_before_any_schema_is_read(client, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(definitions, "_checked_tools", lambda *a: pytest.fail("a schema was checked"))
+    err = assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "tools": [tool(i) for i in range(129)]}),
+                              400, "tools")
+    assert err["code"] == "invalid_tools" and "128" in err["message"]
+
+
+def test_tools_over_the_byte_bound_are_400(client):  # noqa: F811
+    big = {"type": "object", "properties": {f"p{j}": {"type": "string", "description": "x" * 1000} for j in range(600)}}
+    err = assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "tools": [tool(0, big)]}), 400, "tools")
+    assert "bytes" in err["message"]
+
+
+@pytest.mark.parametrize("depth", [40, 500, 5000])
+def test_a_deeply_nested_tool_schema_is_400_not_500(client, depth):  # noqa: F811
+    r = client.post("/v1/chat/completions", content=nested(depth))
+    # past ~500 levels the body itself is refused as too deep, before its tools are looked at
+    err = assert_openai_error(r, 400, "tools" if depth < 500 else None)
+    assert "deep" in err["message"]
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": "t0"},
+                                    {"type": "function", "function": {"name": ["t0"]}},
+                                    {"type": "function", "function": None},
+                                    ["t0"], 7])
+def test_a_malformed_tool_choice_is_400_not_500(client, choice):  # noqa: F811
+    assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "tools": [tool(0)], "tool_choice": choice}),
+                        400, "tool_choice")
+
+
+@pytest.mark.parametrize("depth", [2000, 200_000])
+def test_deeply_nested_json_is_400_on_every_json_route(client, depth):  # noqa: F811
+    deep = b"[" * depth + b"]" * depth
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "metadata": ' + deep + b"}"
+    for path in ("/v1/chat/completions", "/v1/completions", "/inference/v1/generate"):
+        err = assert_openai_error(client.post(path, content=body), 400)
+        assert "deep" in err["message"] or "JSON" in err["message"]
+
+
+def test_a_list_of_tools_checked_once_is_remembered(client, monkeypatch):  # noqa: F811
+    calls = []
+    real = definitions._checked_tools
+    monkeypatch.setattr(definitions, "_checked_tools", lambda *a: calls.append(1) or real(*a))
+    tools = [tool(i, {"type": "object", "properties": {"n": {"type": "integer", "minimum": i}}}) for i in range(3)]
+    for _ in range(3):  # the deployment is down (503), but the tools were checked first
+        assert client.post("/v1/chat/completions", json={**CHAT, "tools": tools}).status_code == 503
+    assert calls == [1]
+
+
+class Gate:
+    """Wraps a function so that it blocks until released; says whether it has returned."""
+
+    def __init__(self, fn):
+        self.fn, self.entered, self.release, self.returned = fn, threading.Event(), threading.Event(), False
+
+    def __call__(self, *args):
+        self.entered.set()
+        self.release.wait(20)
+        try:
+            return self.fn(*args)
+        finally:
+            self.returned = True
+
+
+@pytest.mark.parametrize("what", ["new tools", "a large body"])
+def test_the_event_loop_answers_others_while_a_heavy_request_is_checked(client, monkeypatch, what):  # noqa: F811
+    import serve.app
+    if what == "new tools":
+        gate = Gate(definitions._checked_tools)
+        monkeypatch.setattr(definitions, "_checked_tools", gate)
+        body = {**CHAT, "tools": [tool(i) for i in range(50)] + [tool(99, {"type": "object", "title": "unique"})]}
+    else:
+        gate = Gate(serve.app._validated)
+        monkeypatch.setattr(serve.app, "_validated", gate)
+        body = {**CHAT, "messages": [{"role": "user", "content": "x" * 400_000}]}
+    heavy = threading.Thread(target=client.post, args=("/v1/chat/completions",), kwargs={"json": body})
+    heavy.start()
+    try:
+        assert gate.entered.wait(20)
+        assert client.get("/health").status_code == 200
+        assert not gate.returned, "/health waited for the heavy request's check: it ran on the event loop"
+    finally:
+        gate.release.set()
+        heavy.join(30)
