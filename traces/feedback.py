@@ -1,14 +1,19 @@
 """Rewards and human feedback, stored next to the traces and joined to them by trace id.
 
-Feedback is low-volume and must not be lost once acknowledged, so each batch is written as one
-zstd Parquet file (temp file, fsync, rename, fsync the directory) before the caller hears "ok".
+Feedback must not be lost once acknowledged, so it is written as zstd Parquet (temp file,
+fsync, rename, fsync the directory) before the caller hears "ok". Posts that arrive while a
+write is under way are written together, as one file (group commit), and a day that reaches
+``COMPACT_AT`` files is compacted into one (``traces.housekeeping``): every query reads each
+file's footer, and 2,000 posts of one file each added 1.5 s to every query of every team.
 Files live under ``<store>/_feedback/date=YYYY-MM-DD/``; the store's ``feedback`` and
 ``rewards`` views read them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,6 +23,7 @@ import pyarrow.parquet as pq
 
 from traces.spool import fsync_path
 
+log = logging.getLogger(__name__)
 FEEDBACK_DIR = "_feedback"
 FEEDBACK_SCHEMA = pa.schema([
     ("feedback_id", pa.string()),
@@ -34,17 +40,90 @@ FEEDBACK_SCHEMA = pa.schema([
 ], metadata={"flywheel.feedback_schema_version": "1"})
 
 
+COMPACT_AT = 32  # files in a day's partition
+
+
 def write_feedback(root: str | Path, items: list[dict]) -> list[str]:
-    """Durably store feedback rows (dicts with FEEDBACK_SCHEMA fields); returns their ids."""
+    """Durably store feedback rows (dicts with FEEDBACK_SCHEMA fields); returns their ids once
+    they are on disk."""
     now = datetime.now(timezone.utc)
     rows = [{**item, "feedback_id": item.get("feedback_id") or "fb-" + uuid.uuid4().hex,
              "time_created": item.get("time_created") or now} for item in items]
-    part = Path(root) / FEEDBACK_DIR / f"date={now:%Y-%m-%d}"
-    part.mkdir(parents=True, exist_ok=True)
-    name = f"fb-{now:%H%M%S%f}-{uuid.uuid4().hex[:8]}.parquet"
-    tmp = part / f".{name}.tmp"
-    pq.write_table(pa.Table.from_pylist(rows, schema=FEEDBACK_SCHEMA), tmp, compression="zstd")
-    fsync_path(tmp)
-    os.replace(tmp, part / name)
-    fsync_path(part)
+    _writer(Path(root)).write(rows)
     return [r["feedback_id"] for r in rows]
+
+
+class _Waiter:
+    def __init__(self, rows: list[dict]):
+        self.rows, self.done, self.error = rows, threading.Event(), None
+
+
+class FeedbackWriter:
+    """Group commit for one store: the first caller writes what every caller queued meanwhile,
+    the others wait for it. No thread of its own, so nothing to start or stop."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._lock = threading.Lock()
+        self._queued: list[_Waiter] = []
+        self._writing = False
+
+    def write(self, rows: list[dict]) -> None:
+        waiter = _Waiter(rows)
+        with self._lock:
+            self._queued.append(waiter)
+            if self._writing:
+                leader = False
+            else:
+                self._writing = leader = True
+        if leader:
+            self._lead()
+        waiter.done.wait()
+        if waiter.error is not None:
+            raise waiter.error
+
+    def _lead(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queued = self._queued, []
+                if not batch:
+                    self._writing = False
+                    return
+            try:
+                self._write_file([r for w in batch for r in w.rows])
+            except BaseException as exc:  # each waiter hears it; none was acknowledged
+                for w in batch:
+                    w.error = exc
+            for w in batch:
+                w.done.set()
+            try:
+                self._compact_if_due()
+            except Exception as exc:  # the rows are safe; compaction is tried on the next write
+                log.warning("could not compact feedback: %s", exc)
+
+    def _write_file(self, rows: list[dict]) -> None:
+        now = datetime.now(timezone.utc)
+        part = self.root / FEEDBACK_DIR / f"date={now:%Y-%m-%d}"
+        part.mkdir(parents=True, exist_ok=True)
+        name = f"fb-{now:%H%M%S%f}-{uuid.uuid4().hex[:8]}.parquet"
+        tmp = part / f".{name}.tmp"
+        pq.write_table(pa.Table.from_pylist(rows, schema=FEEDBACK_SCHEMA), tmp, compression="zstd")
+        fsync_path(tmp)
+        os.replace(tmp, part / name)
+        fsync_path(part)
+        self._last_part = part
+
+    def _compact_if_due(self) -> None:
+        from traces.housekeeping import compact_feedback, data_files
+        part = getattr(self, "_last_part", None)
+        if part is not None and len(data_files(part)) >= COMPACT_AT:
+            compact_feedback(self.root, [part])
+
+
+_WRITERS: dict[Path, FeedbackWriter] = {}
+_WRITERS_LOCK = threading.Lock()
+
+
+def _writer(root: Path) -> FeedbackWriter:
+    with _WRITERS_LOCK:
+        return _WRITERS.setdefault(root.resolve(), FeedbackWriter(root))

@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
@@ -20,6 +21,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
+from traces.feedback import FEEDBACK_DIR
 from traces.schema import SCHEMA_VERSION
 from traces.spool import SEGMENT_GLOB, fsync_path, read_segment
 
@@ -62,7 +64,7 @@ def _exclusive(root: Path):
 def recover(root: Path) -> int:
     """Finish (output exists) or roll back (it does not) interrupted compactions."""
     fixed = 0
-    for journal in root.glob(f"date=*/model=*/{JOURNAL}"):
+    for journal in [*root.glob(f"date=*/model=*/{JOURNAL}"), *root.glob(f"{FEEDBACK_DIR}/date=*/{JOURNAL}")]:
         part = journal.parent
         j = json.loads(journal.read_text())
         if (part / j["output"]).exists():
@@ -75,45 +77,92 @@ def recover(root: Path) -> int:
     return fixed
 
 
+# A trace file is named after the writer instance and spool segment it came from
+# (``traces.writer``); while that segment is still in the spool, its conversion is unfinished
+# and will write the file again, so the file must not be merged away beside it.
+_CONVERTED = re.compile(r"^(?P<instance>.+?)-(?P<key>(?:[0-9a-f]{17}-)?\d{8})\.parquet$")
+
+
+def _converting(root: Path, f: Path) -> bool:
+    m = _CONVERTED.match(f.name)
+    return bool(m) and (root / "_spool" / m["instance"] / f"seg-{m['key']}.spool").exists()
+
+
 def compact(root: str | Path, min_files: int = 2, max_file_bytes: int = 256 << 20) -> dict:
-    """Merge each partition's files smaller than ``max_file_bytes`` into one file."""
+    """Merge each partition's files smaller than ``max_file_bytes`` into one file (the trace
+    partitions, then the feedback days). A file whose spool segment is still being converted
+    waits for a later compaction."""
     root = Path(root)
     report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
     with _exclusive(root):
         recover(root)
         con = duckdb.connect()
         for part in partitions(root):
+            inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes and not _converting(root, f)]
+            _compact_part(con, part, inputs, min_files, report, TRACE_ROWS)
+        for part in feedback_partitions(root):
             inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes]
-            if len(inputs) < min_files:
-                continue
-            names = [f.name for f in inputs]
-            output = "compact-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:16] + ".parquet"
-            journal = part / JOURNAL
-            journal.write_text(json.dumps({"inputs": names, "output": output}))
-            fsync_path(journal)
-            tmp = part / f".{output}.tmp"
-            files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in inputs)
-            rows = con.execute(
-                f"COPY (SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false) "
-                f"QUALIFY row_number() OVER (PARTITION BY trace_id ORDER BY time_done DESC NULLS LAST) = 1) "
-                f"TO '{str(tmp).replace(chr(39), chr(39) * 2)}' (FORMAT parquet, COMPRESSION zstd, "
-                f"KV_METADATA {{'flywheel.schema_version': '{_max_version(inputs)}'}})"
-            ).fetchall()[0][0]
-            fsync_path(tmp)
-            os.replace(tmp, part / output)
-            fsync_path(part)
-            for f in inputs:
-                f.unlink()
-            journal.unlink()
-            report["partitions"] += 1
-            report["files_in"] += len(inputs)
-            report["files_out"] += 1
-            report["rows"] += rows
+            _compact_part(con, part, inputs, min_files, report, FEEDBACK_ROWS)
     return report
 
 
-def _max_version(files: list[Path]) -> int:
-    versions = [int((pq.read_metadata(f).metadata or {}).get(b"flywheel.schema_version", b"1"))
+def compact_feedback(root: str | Path, parts: list[Path] | None = None, max_file_bytes: int = 256 << 20) -> dict:
+    """Merge each feedback day's files (or only ``parts``') into one."""
+    root = Path(root)
+    report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
+    with _exclusive(root):
+        recover(root)
+        con = duckdb.connect()
+        for part in parts if parts is not None else feedback_partitions(root):
+            inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes]
+            _compact_part(con, part, inputs, 2, report, FEEDBACK_ROWS)
+    return report
+
+
+def feedback_partitions(root: Path) -> list[Path]:
+    return sorted(p for p in (root / FEEDBACK_DIR).glob("date=*") if p.is_dir())
+
+
+# (the column naming a row, the column that says which copy is newest, the schema's version key)
+TRACE_ROWS = ("trace_id", "time_done", "flywheel.schema_version")
+FEEDBACK_ROWS = ("feedback_id", "time_created", "flywheel.feedback_schema_version")
+
+
+def _compact_part(con, part: Path, inputs: list[Path], min_files: int, report: dict, rows_of: tuple) -> None:
+    """Journal, write the merged file (one row per key, its newest copy), rename it in,
+    remove the inputs, remove the journal: a crash anywhere is finished or undone by
+    ``recover``, and ``visible_files`` never shows a row twice meanwhile."""
+    key, newest, version_key = rows_of
+    if len(inputs) < min_files:
+        return
+    names = [f.name for f in inputs]
+    output = "compact-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:16] + ".parquet"
+    journal = part / JOURNAL
+    journal.write_text(json.dumps({"inputs": names, "output": output}))
+    fsync_path(journal)
+    tmp = part / f".{output}.tmp"
+    files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in inputs)
+    rows = con.execute(
+        f"COPY (SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false) "
+        f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY {newest} DESC NULLS LAST) = 1) "
+        f"TO '{str(tmp).replace(chr(39), chr(39) * 2)}' (FORMAT parquet, COMPRESSION zstd, "
+        f"KV_METADATA {{'{version_key}': '{_max_version(inputs, version_key)}'}})"
+    ).fetchall()[0][0]
+    fsync_path(tmp)
+    os.replace(tmp, part / output)
+    fsync_path(part)
+    for f in inputs:
+        f.unlink()
+    fsync_path(part)
+    journal.unlink()
+    report["partitions"] += 1
+    report["files_in"] += len(inputs)
+    report["files_out"] += 1
+    report["rows"] += rows
+
+
+def _max_version(files: list[Path], key: str = "flywheel.schema_version") -> int:
+    versions = [int((pq.read_metadata(f).metadata or {}).get(key.encode(), b"1"))
                 for f in files]
     return max(versions + [1]) if versions else SCHEMA_VERSION
 

@@ -26,9 +26,9 @@ from typing import Iterator
 import duckdb
 import pyarrow as pa
 
-from traces.feedback import FEEDBACK_DIR, FEEDBACK_SCHEMA
+from traces.feedback import FEEDBACK_SCHEMA
 from traces.guard import check_select
-from traces.housekeeping import partitions, visible_files
+from traces.housekeeping import feedback_partitions, partitions, visible_files
 from traces.prefix import reconstruct_prompts
 from traces.schema import TRACE_SCHEMA
 
@@ -150,14 +150,15 @@ class TraceStore:
         self.con.execute(f"CREATE OR REPLACE VIEW traces_full AS {_FULL_SQL}")
         self.con.execute(f"CREATE OR REPLACE VIEW sessions AS {_SESSIONS_SQL}")
         self.con.execute(f"CREATE OR REPLACE VIEW usage_by_team AS {_USAGE_SQL}")
-        fb_glob = self.root / FEEDBACK_DIR / "date=*" / "*.parquet"
+        # bound as a list of files, as the traces are, so a compaction cannot show a row twice
+        fb_files = [f for part in feedback_partitions(self.root) for f in visible_files(part)]
         if self.team is not None:
-            fb_files = sorted(self.root.glob(f"{FEEDBACK_DIR}/date=*/*.parquet"))
             self.con.register("_feedback_raw", _team_dataset(self.root, fb_files, FEEDBACK_SCHEMA,
                                                             self.team, hive=False))
             fb = "SELECT * FROM _feedback_raw"
-        elif next(self.root.glob(f"{FEEDBACK_DIR}/date=*/*.parquet"), None):
-            fb = f"SELECT * FROM read_parquet({_sql_str(str(fb_glob))}, union_by_name = true)"
+        elif fb_files:
+            files = "[" + ", ".join(_sql_str(str(f)) for f in fb_files) + "]"
+            fb = f"SELECT * FROM read_parquet({files}, union_by_name = true)"
         else:
             self.con.register("_empty_feedback", pa.Table.from_pylist([], schema=FEEDBACK_SCHEMA))
             fb = "SELECT * FROM _empty_feedback"

@@ -1,0 +1,82 @@
+"""Feedback is batched and compacted like traces, so no team's posts can slow every team's
+queries; and no compaction, of feedback or traces, can store a row twice."""
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+
+import pyarrow.parquet as pq
+
+from traces import feedback
+from traces.housekeeping import compact, feedback_partitions
+from traces.store import TraceStore
+from traces.writer import TraceWriter
+from tests.unit.test_housekeeping import fill
+
+
+def feedback_files(root):
+    return [f for part in feedback_partitions(root) for f in part.glob("*.parquet")]
+
+
+def test_thousands_of_single_posts_leave_a_bounded_number_of_files_and_every_row_once(setup, tmp_path):
+    client, keys = setup
+    sent = []
+    for i in range(300):
+        r = client.post("/v1/feedback", json={"trace_id": f"tr-{i % 4}", "reward": i / 300},
+                        headers={"Authorization": f"Bearer {keys['red']}"})
+        assert r.status_code == 200, r.text
+        sent.append(r.json()["data"][0]["id"])
+    assert len(feedback_files(tmp_path / "traces")) < feedback.COMPACT_AT
+    rows = TraceStore(tmp_path / "traces").sql("SELECT feedback_id FROM feedback").column("feedback_id").to_pylist()
+    assert sorted(rows) == sorted(sent)
+
+
+def test_posts_at_the_same_moment_share_files_and_each_is_acknowledged_once_stored(tmp_path):
+    def post(i):
+        return feedback.write_feedback(tmp_path, [{"trace_id": f"t{i}", "team": "red", "name": "reward", "reward": 1.0}])
+
+    with ThreadPoolExecutor(16) as pool:
+        ids = [fid for got in pool.map(post, range(200)) for fid in got]
+    stored = TraceStore(tmp_path).sql("SELECT feedback_id FROM feedback").column("feedback_id").to_pylist()
+    assert sorted(stored) == sorted(ids) and len(set(ids)) == 200
+    assert len(feedback_files(tmp_path)) < feedback.COMPACT_AT
+
+
+def test_a_failed_feedback_write_is_an_error_for_its_callers_and_stores_nothing(tmp_path, monkeypatch):
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(feedback.pq, "write_table", full_disk)
+    try:
+        feedback.write_feedback(tmp_path, [{"trace_id": "t", "team": "red", "name": "reward", "reward": 1.0}])
+    except OSError as exc:
+        assert exc.errno == 28
+    else:
+        raise AssertionError("a write that failed was acknowledged")
+    monkeypatch.undo()
+    assert feedback.write_feedback(tmp_path, [{"trace_id": "t", "team": "red", "name": "reward", "reward": 1.0}])
+    assert TraceStore(tmp_path).sql("SELECT count(*) AS n FROM feedback").to_pylist() == [{"n": 1}]
+
+
+def test_compaction_between_a_half_failed_conversion_and_its_retry_stores_no_row_twice(tmp_path, monkeypatch):
+    fill(tmp_path, 1, instance="old")  # a file already in the partition, so there is something to merge with
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    now = datetime.now(timezone.utc)
+    for i, model in enumerate(["m", "other", "m", "other"]):
+        writer.write({"trace_id": f"half-{i}", "gen_ai_request_model": model, "http_status": 200, "time_received": now})
+    real, calls = pq.write_table, []
+
+    def second_fails(*a, **k):  # the first partition is written, the second is not
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(*a, **k)
+
+    monkeypatch.setattr("traces.writer.pq.write_table", second_fails)
+    assert writer.flush() == 1  # the segment stays in the spool, to be converted again
+    monkeypatch.undo()
+    compact(tmp_path)
+    assert writer.flush() == 0
+    writer.close()
+    counts = TraceStore(tmp_path).sql("SELECT trace_id, count(*) AS n FROM traces GROUP BY ALL").to_pylist()
+    assert {r["trace_id"]: r["n"] for r in counts} == {**{f"old-{i}": 1 for i in range(5)},
+                                                        **{f"half-{i}": 1 for i in range(4)}}
