@@ -285,7 +285,7 @@ def _context(routes: RouteTable, h: Headers | dict[str, str], operation: str, bo
              caller: Caller) -> RequestContext:
     return RequestContext.for_route(
         routes.get(body["model"]), new_trace_id(), operation, body,
-        team=caller.team, api_key_id=caller.key_id,
+        team=caller.team, api_key_id=caller.key_id, admin=caller.admin,
         session_id=h.get("x-session-id"), parent_trace_id=h.get("x-parent-trace-id"),
         env_id=h.get("x-env-id"), example_id=h.get("x-example-id"),
         # an environment's session is its rollout (verifiers sends one X-Session-ID per rollout)

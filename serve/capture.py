@@ -45,6 +45,7 @@ class RequestContext:
     deployment: str
     team: str = "default"
     api_key_id: str | None = None
+    admin: bool = False              # the admin key: may see which worker served it (nvext)
     session_id: str | None = None
     parent_trace_id: str | None = None
     env_id: str | None = None

@@ -77,7 +77,8 @@ class Forwarder:
         capture = Capture(ctx)
         # compiling a grammar can take a while for a large schema: not on the event loop
         grammar = await asyncio.to_thread(grammar_for, tool_req, self.config.tools.layout) if tool_req else None
-        rewrite = Rewrite(body, operation, route.upstream_model, grammar, ctx.prompt_json)
+        rewrite = Rewrite(body, operation, route.upstream_model, grammar, ctx.prompt_json, ctx.team,
+                          admin=ctx.admin)
         headers = {"X-Trace-ID": ctx.trace_id}
         last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)",
                               type="server_error")

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from serve.errors import APIError
+from serve.nvext import client_nvext, client_reply
 
 # Dynamo's OpenAI extension: engine-exact ids and the serving worker (see DESIGN.md, traces).
 CAPTURE_FIELDS = ("completion_token_ids", "engine_data", "worker_id")
@@ -23,7 +24,8 @@ class Rewrite:
     """The upstream body for one client request, and how to undo it on the way back."""
 
     def __init__(self, body: dict[str, Any], operation: str, upstream_model: str,
-                 grammar: str | None = None, prompt_json: bytes | None = None):
+                 grammar: str | None = None, prompt_json: bytes | None = None, team: str | None = None,
+                 admin: bool = False):
         self.client_body = body
         self.operation = operation
         # only top-level keys and nvext change: a shallow copy, never a copy of the messages (a
@@ -32,12 +34,12 @@ class Rewrite:
         if prompt_json is not None:  # the prompt goes on as the client's bytes, not encoded again
             up[PROMPT_KEYS[operation]] = msgspec.Raw(prompt_json)
         up["model"] = upstream_model
-        if not isinstance(body.get("nvext") or {}, dict):
-            raise APIError(400, "nvext must be an object", param="nvext")
-        nvext = up["nvext"] = dict(body.get("nvext") or {})
-        asked = list(nvext.get("extra_fields") or [])
-        self.client_nvext_fields = set(asked)
+        nvext, asked = client_nvext(body, admin)
+        self.client_nvext_fields = asked
         nvext["extra_fields"] = asked + [f for f in CAPTURE_FIELDS if f not in asked]
+        up["nvext"] = nvext
+        if team is not None:  # no team's prompts share prefix-cache KV with another's
+            up["cache_salt"] = f"{team}:{body['cache_salt']}" if body.get("cache_salt") else team
         if operation == "chat":
             self.client_logprobs = bool(body.get("logprobs"))
             up["logprobs"] = True
@@ -69,11 +71,11 @@ class Rewrite:
             for choice in obj.get("choices") or []:
                 choice.pop("logprobs", None)
         nvext = obj.get("nvext")
-        if isinstance(nvext, dict):
-            for key in CAPTURE_FIELDS:
-                if key not in self.client_nvext_fields:
-                    nvext.pop(key, None)
-            if not nvext:
+        if nvext is not None:
+            shown = client_reply(nvext, self.client_nvext_fields) if isinstance(nvext, dict) else {}
+            if shown:
+                obj["nvext"] = shown
+            else:
                 obj.pop("nvext", None)
         return obj
 

@@ -23,7 +23,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server's name
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.seen.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
-        answer = json.dumps(CHAT if self.path.endswith("/chat/completions") else TEXT).encode()
+        answer = json.dumps({**(CHAT if self.path.endswith("/chat/completions") else TEXT),
+                             **self.server.extra}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(answer)))
@@ -35,11 +36,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class RecordingUpstream:
-    """Started on a free loopback port; ``seen`` lists what it received, in order."""
+    """Started on a free loopback port; ``seen`` lists what it received, in order; keys put in
+    ``extra`` are added to every answer."""
 
     def __init__(self):
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.seen = self.seen = []
+        self._server.extra = self.extra = {}
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
