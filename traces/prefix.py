@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Callable
 
 import numpy as np
 
@@ -34,14 +35,17 @@ class PrefixEncoder:
         self._tokens = 0
         self._lock = threading.Lock()
 
-    def encode(self, record: dict, partition: str) -> dict:
-        """Replace ``prompt_token_ids`` with the prefix-reference columns (a new dict)."""
+    def encode(self, record: dict, partition: str) -> tuple[dict, Callable[[], None] | None]:
+        """Replace ``prompt_token_ids`` with the prefix-reference columns (a new dict), and the
+        call that makes this turn a reference for later ones (None: it cannot be one). Make it
+        only once the row is durable: a later turn stored as a reference to a row that was
+        never written could not be rebuilt."""
         out = dict(record)
         prompt = out.pop("prompt_token_ids", None)
         out.update(prompt_prefix_trace_id=None, prompt_prefix_len=None, prompt_new_token_ids=prompt)
         session = record.get("gen_ai_conversation_id")
         if not prompt or not (session or record.get("parent_trace_id")):
-            return out  # a one-off request: nothing to share a prefix with
+            return out, None  # a one-off request: nothing to share a prefix with
         arr = np.asarray(prompt, dtype=np.int32)
         with self._lock:
             ref = self._reference(record, session, partition)
@@ -50,11 +54,15 @@ class PrefixEncoder:
                 if shared >= self.min_shared:
                     out.update(prompt_prefix_trace_id=ref, prompt_prefix_len=shared,
                                prompt_new_token_ids=prompt[shared:])
-            completion = record.get("completion_token_ids") or []
-            if session and record.get("http_status", 200) == 200:
-                seq = np.concatenate([arr, np.asarray(completion, dtype=np.int32)])
+        if not session or record.get("http_status", 200) != 200:
+            return out, None
+        seq = np.concatenate([arr, np.asarray(record.get("completion_token_ids") or [], dtype=np.int32)])
+
+        def remember() -> None:
+            with self._lock:
                 self._remember(record["trace_id"], record.get("team"), session, partition, seq)
-        return out
+
+        return out, remember
 
     def _reference(self, record: dict, session: str | None, partition: str) -> str | None:
         # References stay inside one team and one date partition (so retention never orphans a turn).

@@ -20,6 +20,7 @@ acknowledged later never sit behind a torn one.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import queue
 import secrets
@@ -32,6 +33,7 @@ from typing import Callable
 
 import msgspec
 
+log = logging.getLogger(__name__)
 _HEADER = struct.Struct("<II")
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -238,14 +240,19 @@ class Spool:
             except BaseException as exc:  # the disk said no: every waiter must hear it
                 error = exc
                 self._cut_back()
+        # callbacks first: what one does on durability (the writer remembers a turn as a prefix
+        # reference) is done before a waiter on the same ticket hears of it
+        for _, _, callback in batch:
+            if callback is not None:
+                try:
+                    callback(error)
+                except Exception:  # one caller's callback (a closed event loop) must not stop the rest
+                    log.exception("a durability callback failed")
         with self._durable_cond:
             if error is not None:
                 self._failed.update((ticket, error) for _, ticket, _ in batch)
             self._durable = batch[-1][1]
             self._durable_cond.notify_all()
-        for _, _, callback in batch:
-            if callback is not None:
-                callback(error)
 
     def _cut_back(self) -> None:
         """After a failed write: drop its partial bytes, or give up the segment if we cannot,

@@ -79,7 +79,15 @@ class TraceWriter:
         (on the spool thread) with None once the record is fsync'd, or with the error."""
         check_record(record)
         date, _ = partition_of(record)
-        return self.spool.append(to_row(self.prefix.encode(record, date)), on_durable)
+        row, remember = self.prefix.encode(record, date)
+        if remember is not None:  # a reference for later turns once on disk, never before
+            def durable(error: BaseException | None, then=on_durable) -> None:
+                if error is None:
+                    remember()
+                if then is not None:
+                    then(error)
+            on_durable = durable
+        return self.spool.append(to_row(row), on_durable)
 
     def wait_durable(self, ticket: int, timeout: float | None = 30.0) -> None:
         self.spool.wait(ticket, timeout)

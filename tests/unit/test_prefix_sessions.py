@@ -39,7 +39,7 @@ def test_a_prompt_that_does_not_extend_its_session_is_stored_whole(tmp_path):
     writer = TraceWriter(tmp_path, "gw")
     base = {"gen_ai_conversation_id": "s", "gen_ai_request_model": "m", "http_status": 200,
             "completion_token_ids": [5, 6]}
-    writer.submit({**base, "trace_id": "a", "prompt_token_ids": list(range(1000))})
+    writer.write({**base, "trace_id": "a", "prompt_token_ids": list(range(1000))})
     writer.submit({**base, "trace_id": "b", "prompt_token_ids": [9] + list(range(1000))})
     writer.close()
     rows = TraceStore(tmp_path).sql("SELECT trace_id, prompt_prefix_trace_id, len(prompt_new_token_ids) AS n "
@@ -52,7 +52,7 @@ def test_references_never_cross_a_date_partition(tmp_path):
     yesterday = datetime.now(timezone.utc) - timedelta(days=1)
     base = {"gen_ai_conversation_id": "s", "gen_ai_request_model": "m", "http_status": 200,
             "completion_token_ids": [5]}
-    writer.submit({**base, "trace_id": "old", "prompt_token_ids": list(range(500)), "time_received": yesterday})
+    writer.write({**base, "trace_id": "old", "prompt_token_ids": list(range(500)), "time_received": yesterday})
     writer.submit({**base, "trace_id": "new", "prompt_token_ids": list(range(600)),
                    "time_received": datetime.now(timezone.utc)})
     writer.close()
@@ -82,3 +82,33 @@ def test_a_prefix_reference_never_points_into_another_teams_trace(tmp_path):
     red = TraceStore(tmp_path, team="red")
     assert red.sql("SELECT trace_id, len(prompt_token_ids) AS n FROM traces_full ORDER BY 1").to_pylist() == \
         [{"trace_id": "red-0", "n": 301}, {"trace_id": "red-1", "n": 301}]
+
+
+def test_a_turn_whose_write_failed_is_never_a_reference_so_the_next_turn_rebuilds(tmp_path, monkeypatch):
+    """The first turn's spool write fails (its client got a 503); the second turn, answered,
+    must not be stored as a reference to the row that was never written."""
+    from traces.spool import SpoolError
+    writer = TraceWriter(tmp_path, "gw")
+    base = {"gen_ai_conversation_id": "s", "gen_ai_request_model": "m", "http_status": 200,
+            "completion_token_ids": [5, 6]}
+    writer.write({**base, "trace_id": "t0", "prompt_token_ids": list(range(300))})
+    real = writer.spool._write_locked
+
+    def disk_full(buf):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer.spool, "_write_locked", disk_full)
+    try:
+        writer.write({**base, "trace_id": "t1", "prompt_token_ids": list(range(600))})
+    except SpoolError:
+        pass
+    else:
+        raise AssertionError("a failed write was acknowledged")
+    monkeypatch.setattr(writer.spool, "_write_locked", real)
+    writer.write({**base, "trace_id": "t2", "prompt_token_ids": list(range(900))})
+    writer.close()
+    store = TraceStore(tmp_path)
+    rows = {r["trace_id"]: r for r in store.sql(
+        "SELECT trace_id, prompt_prefix_trace_id AS ref, prompt_token_ids FROM traces_full").to_pylist()}
+    assert set(rows) == {"t0", "t2"}
+    assert rows["t2"]["ref"] == "t0" and rows["t2"]["prompt_token_ids"] == list(range(900))
