@@ -83,6 +83,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         scheduler = asyncio.create_task(batch_runner.run())
         yield
         scheduler.cancel()
+        await batch_runner.stop()  # before the writer closes: their traces are what recovers them
         if follower is not None:
             follower.cancel()
         await app.state.http.aclose()
@@ -105,6 +106,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     app.hot_path = HotPath(serve, config.max_body_bytes)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.writer, app.state.routes, app.state.admission = writer, routes, admission
+    app.state.batch_runner = batch_runner
     install_error_handlers(app)
     install_openapi(app)
     app.include_router(trace_query.router(config, queries, caller_of))

@@ -23,6 +23,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server's name
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.seen.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
+        if self.server.hold_marker and self.server.hold_marker in body:
+            self.server.release.wait(30)
         answer = json.dumps({**(CHAT if self.path.endswith("/chat/completions") else TEXT),
                              **self.server.extra}).encode()
         self.send_response(200)
@@ -37,15 +39,22 @@ class _Handler(BaseHTTPRequestHandler):
 
 class RecordingUpstream:
     """Started on a free loopback port; ``seen`` lists what it received, in order; keys put in
-    ``extra`` are added to every answer."""
+    ``extra`` are added to every answer; ``hold(marker)`` keeps requests containing ``marker``
+    unanswered until ``release`` is set."""
 
     def __init__(self):
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.seen = self.seen = []
         self._server.extra = self.extra = {}
+        self._server.hold_marker = None  # bytes: a request containing them waits for ``release``
+        self._server.release = self.release = threading.Event()
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
+    def hold(self, marker: bytes) -> None:
+        self._server.hold_marker = marker
+
     def stop(self) -> None:
+        self.release.set()
         self._server.shutdown()
         self._server.server_close()

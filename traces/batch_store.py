@@ -241,7 +241,7 @@ class BatchStore:
                     c["owner"] == owner or _instance(c["owner"]) != _instance(owner))
                 if c == DONE or live:
                     continue
-                if c is not None and c["owner"] != owner:
+                if c is not None:  # a lapsed lease, ours too: its lines may have run
                     taken_over.append(chunk)
                 claims["chunks"][chunk] = {"owner": owner, "expires": now + ttl_s}
                 got.append(chunk)

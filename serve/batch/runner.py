@@ -94,9 +94,26 @@ class BatchRunner:
             task = asyncio.create_task(self._run_chunk(batch, chunk, chunk in taken_over))
             self.chunk_tasks[(batch["id"], chunk)] = task
 
+    async def stop(self) -> None:
+        """On shutdown: stop every chunk, writing the results already answered (see
+        ``_run_chunk``: a chunk that did not finish is left to be taken over)."""
+        tasks = [t for t in self.chunk_tasks.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _run_chunk(self, batch: dict, chunk: int, taken_over: bool) -> None:
+        """Runs the chunk's lines that have no result. A chunk that finished is released (done,
+        or handed back if some lines were cancelled). One that did not (shutdown, a bug) first
+        writes the results it has, then is left leased until its lease lapses: its next owner
+        (this instance after a restart, at once; another replica after ``lease_ttl_s``, by when
+        this one's traces are in Parquet) takes it over and answers from the traces every line
+        that was answered here, so none runs twice. Handing it back as free made its next owner
+        run every line again: duplicate traces and a double charge."""
         bid, size = batch["id"], self.cfg.chunk_lines
-        done_all = False
+        done_all = finished = False
+        pending: list[dict] = []  # answered, not yet in the results file
+        tasks: list[asyncio.Task] = []
         renewer = asyncio.create_task(self._renew(bid, chunk))
         try:
             if bid not in self._lines:
@@ -111,8 +128,6 @@ class BatchRunner:
                     await asyncio.to_thread(self.store.append_results, bid, self.owner, recovered)
                     got = {r["n"] for r in recovered}
                     todo = [line for line in todo if line["n"] not in got]
-            pending: list[dict] = []  # answered, not yet in the results file
-            tasks = []
             for line in todo:
                 await self.lanes.acquire(line["body"]["model"])
                 if bid in self.cancelled:
@@ -120,14 +135,32 @@ class BatchRunner:
                     break
                 tasks.append(asyncio.create_task(self._run_line(batch, line, pending)))
             n_answered = sum(await asyncio.gather(*tasks))
-            if pending:
-                await asyncio.to_thread(self.store.append_results, bid, self.owner, pending)
-            done_all = n_answered == len(todo)
+            flushed, pending[:] = pending[:], []
+            if flushed:
+                await asyncio.to_thread(self.store.append_results, bid, self.owner, flushed)
+            done_all, finished = n_answered == len(todo), True
         except Exception:
-            log.exception("batch %s chunk %d failed; it is handed back", bid, chunk)
+            log.exception("batch %s chunk %d failed; it is taken over once its lease lapses", bid, chunk)
         finally:
             renewer.cancel()
-            await asyncio.to_thread(self.store.release, bid, self.owner, [chunk], done_all)
+            if finished:
+                await asyncio.to_thread(self.store.release, bid, self.owner, [chunk], done_all)
+            else:
+                await self._abandon(bid, chunk, tasks, pending)
+
+    async def _abandon(self, bid: str, chunk: int, tasks: list[asyncio.Task], pending: list[dict]) -> None:
+        """A chunk that did not finish: its lines in flight stop (they had no answer, so they
+        run again), what was answered is written even now (its traces back it up if not), and
+        the lease is left to lapse."""
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if pending:
+            try:
+                await asyncio.shield(asyncio.to_thread(self.store.append_results, bid, self.owner, pending[:]))
+            except BaseException:
+                log.warning("batch %s chunk %d: %d answered lines left to be recovered from their traces",
+                            bid, chunk, len(pending))
 
     async def _run_line(self, batch: dict, line: dict, pending: list[dict]) -> bool:
         """Whether the line was answered (not cancelled before it started)."""
