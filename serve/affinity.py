@@ -9,8 +9,11 @@ session does not move when another deployment comes back, only when its own beco
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 
 from serve.shared_state import SharedState
+
+LOCAL_SESSIONS = 100_000  # sessions this replica remembers without Redis (least recently used go)
 
 
 def rendezvous(session: str, candidates: list[str]) -> str:
@@ -20,7 +23,7 @@ def rendezvous(session: str, candidates: list[str]) -> str:
 class Affinity:
     def __init__(self, state: SharedState, ttl_s: int = 3600):
         self.state, self.ttl_s = state, ttl_s
-        self._local: dict[str, str] = {}
+        self._local: OrderedDict[str, str] = OrderedDict()
 
     def order(self, session: str | None, candidates: list[str], healthy: set[str]) -> list[str]:
         """Candidates in the order to try them: the session's deployment first."""
@@ -39,10 +42,16 @@ class Affinity:
                 return client.get(f"fw:aff:{session}")
             except Exception as exc:  # noqa: BLE001
                 self.state.failed(exc)
-        return self._local.get(session)
+        dep = self._local.get(session)
+        if dep is not None:
+            self._local.move_to_end(session)
+        return dep
 
     def _set(self, session: str, dep: str, replace: bool) -> str:
         self._local[session] = dep
+        self._local.move_to_end(session)
+        if len(self._local) > LOCAL_SESSIONS:
+            self._local.popitem(last=False)
         client = self.state.client()
         if client is not None:
             try:

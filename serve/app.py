@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from serve import engine_admin, feedback_api, json_codec, trace_query, ui, weights
 from serve.admission import Admission
 from serve.affinity import Affinity
-from serve.auth import Caller, authenticate, authenticate_headers, require_admin
+from serve.auth import Caller, authenticate, authenticate_headers, bearer, is_admin_key, require_admin
 from serve.batch import api as batch_api
 from serve.batch.runner import BatchRunner
 from serve.body_limit import BodyLimit
@@ -117,13 +117,24 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     if config.ui.enabled:
         ui.install(app, config, keys, queries)
 
+    def sees_internals(request: Request) -> bool:
+        """Whether the caller may see the gateway's insides (every team's names and figures,
+        deployments, breakers): anyone without keys (the local profile), else the admin key."""
+        return not config.require_api_key or is_admin_key(bearer(request), config)
+
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
+        """Liveness for anyone (a load balancer's probe); the details for the admin key."""
+        if not sees_internals(request):
+            return {"status": "ok"}
         return {"status": "ok", "models": sorted(routes), "shared_state": state.shared,
                 "breakers": {d.name: breakers.state_of(d.name) for d in config.deployments}}
 
     @app.get("/metrics")
-    async def prometheus():
+    async def prometheus(request: Request):
+        if not sees_internals(request):  # every team's name and token totals
+            raise APIError(401, "/metrics needs the admin key when gateway.require_api_key is on",
+                           code="invalid_api_key")
         for d in config.deployments:
             metrics.leases.labels(d.name).set(admission.leases_held(d.name)[0])
             metrics.breaker.labels(d.name).set(STATE_CODES[breakers.state_of(d.name)])
@@ -139,17 +150,20 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         return admission.usage(caller.team)
 
     @app.get("/v1/models")
-    async def list_models():
-        return {"object": "list", "data": [_model_card(alias, r) for alias, r in sorted(routes.items())]}
+    async def list_models(request: Request):
+        caller = caller_of(request)
+        return {"object": "list", "data": [_model_card(alias, r, caller) for alias, r in sorted(routes.items())
+                                           if r.serves(caller.team, caller.admin)]}
 
     @app.get("/v1/models/{model_id:path}")
-    async def retrieve_model(model_id: str):
+    async def retrieve_model(model_id: str, request: Request):
+        caller = caller_of(request)
         route = routes.get(model_id)
-        if route is None:
+        if route is None or not route.serves(caller.team, caller.admin):
             raise model_not_found(model_id)
-        return _model_card(model_id, route)
+        return _model_card(model_id, route, caller)
 
-    def _model_card(alias: str, r: ModelRoute) -> dict:
+    def _model_card(alias: str, r: ModelRoute, caller: Caller) -> dict:
         """vLLM's card (``root``, ``parent`` for an adapter, ``max_model_len``: prime-rl sizes its
         concurrency from it), the checkpoint the alias serves, and what catalogs read: OpenRouter's
         ``context_length`` and per-token ``pricing``, Prime's ``*_usd_per_mtok`` and ``specs``."""
@@ -158,8 +172,11 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
                      if b.deployment == r.deployment and b.lora_path is None), None)
         context = dep.max_model_len if dep else None
         price = config.prices.get(alias) or Price()
+        # where the weights live on the serving hosts is the operator's business, not a team's
+        operator = caller.admin or not config.require_api_key
+        path = (r.lora_path or r.weight_dir or (dep.model_path if dep else None)) if operator else None
         return {"id": alias, "object": "model", "created": r.created, "owned_by": "flywheel",
-                "root": r.lora_path or r.weight_dir or (dep.model_path if dep else None) or r.upstream_model,
+                "root": path or r.upstream_model,
                 "parent": None if r.lora_path is None else base,
                 "max_model_len": context, "context_length": context,
                 "checkpoint_version": r.checkpoint_version,

@@ -59,6 +59,12 @@ class RequestContext:
     received: datetime = field(default_factory=_now)
     received_mono: float = field(default_factory=time.monotonic)  # the same moment, for durations
 
+    @property
+    def scoped_session(self) -> str | None:
+        """The session as deployments see it: within its team, so no team can pin, move or
+        share another team's session by using the same id."""
+        return f"{self.team}/{self.session_id}" if self.session_id else None
+
     @classmethod
     def for_route(cls, route: ModelRoute | None, trace_id: str, operation: str, body: dict,
                   **who: str | None) -> RequestContext:

@@ -41,6 +41,12 @@ class ModelRoute(StrictModel):
                                                      "(None: the ones it started on)")
     created: int = Field(default_factory=lambda: int(time.time()),
                          description="when the alias last changed what it serves (unix seconds)")
+    teams: list[str] | None = Field(None, description="the teams that may see and call this alias (a "
+                                    "team's own fine-tuned checkpoint); None: every team")
+
+    def serves(self, team: str, admin: bool = False) -> bool:
+        """Whether ``team`` may see and call this alias."""
+        return admin or self.teams is None or team in self.teams
 
 
 class ToolsConfig(StrictModel):

@@ -64,7 +64,7 @@ class Forwarder:
     async def forward(self, operation: str, body: dict, ctx: RequestContext):
         """Returns the client's view (a dict, or a :class:`Stream`) and the headers to send."""
         route = self.routes.get(body["model"])
-        if route is None:
+        if route is None or not route.serves(ctx.team, ctx.admin):  # another team's alias does not exist here
             raise model_not_found(body["model"])
         dep = self.config.deployment(route.deployment)
         check_counts(body, dep.max_model_len)
@@ -83,7 +83,7 @@ class Forwarder:
         last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)",
                               type="server_error")
         last_outcome = Outcome.REJECTED
-        for dep_name in self.chooser.order(route, ctx.session_id):
+        for dep_name in self.chooser.order(route, ctx.scoped_session):
             if not self.chooser.allow(dep_name):
                 continue
             t_wait = time.monotonic()

@@ -27,7 +27,7 @@ ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions
 def upstream_headers(ctx: RequestContext) -> dict[str, str]:
     """The session travels on as Dynamo's session id: with session affinity on, the deployment's
     router keeps the session on the worker that holds its KV cache."""
-    return {"x-dynamo-session-id": ctx.session_id} if ctx.session_id else {}
+    return {"x-dynamo-session-id": ctx.scoped_session} if ctx.session_id else {}
 
 
 async def send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: float) -> UpstreamResponse:

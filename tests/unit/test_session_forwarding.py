@@ -22,5 +22,5 @@ def test_session_id_reaches_the_deployment_as_dynamo_session_id(gateway, recordi
     assert gateway.post("/v1/completions", json=body, headers={"X-Session-ID": "agent-7"}).status_code == 200
     assert gateway.post("/v1/completions", json=body).status_code == 200
     with_session, without = recording_upstream.seen
-    assert with_session.headers["x-dynamo-session-id"] == "agent-7"
+    assert with_session.headers["x-dynamo-session-id"] == "default/agent-7"  # within its team
     assert "x-dynamo-session-id" not in without.headers
