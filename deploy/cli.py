@@ -200,6 +200,7 @@ def loop(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
     from deploy.config import _parse_value
     from deploy.loop import run_loop
     from deploy.loop_state import LoopConfig
+    from envs.vf_run import NotEnoughTasks
 
     if algo not in ("rs", "grpo"):
         raise typer.BadParameter("choose rs or grpo", param_hint="--algo")
@@ -214,7 +215,7 @@ def loop(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
                                         steps=steps, solve_at=solve_at, seed=seed)
     try:
         result = run_loop(_config(profile, set_), lc, resume=resume, keep_up=keep_up, as_json=as_json)
-    except (FileNotFoundError, ImportError) as exc:  # no such run / taskset: say so, no traceback
+    except (FileNotFoundError, ImportError, NotEnoughTasks) as exc:  # say so, no traceback
         console.print(f"[red]error:[/] {exc}")
         sys.exit(2)
     sys.exit(0 if result["improved"] else 1)

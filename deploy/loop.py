@@ -24,22 +24,45 @@ from deploy.loop_state import LoopConfig, LoopState
 PHASES = ("rollouts", "export", "train", "deploy", "eval")
 
 
-def _wait_rewarded(store, env_id: str, n: int, timeout_s: float = 30.0) -> int:
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def run_scope(team: str, key_id: str | None) -> str:
+    """The loop's rows only: ``env_id`` is a client header anyone can send with a guessed run
+    id, so what trains the checkpoint is also the team and the key that ran the loop (another
+    team's traces and rewards once entered the demo's training data this way)."""
+    key = f"t.api_key_id = {_quote(key_id)}" if key_id else "t.api_key_id IS NULL"
+    return f"t.team = {_quote(team)} AND {key}"
+
+
+def training_sql(algo: str, scope: str, env_id: str, run_id: str, solve_at: float) -> tuple[str, str]:
+    """(export kind, SQL) for one turn's training data: this turn's groups for GRPO, the first
+    exact solve per task among the run's rollouts for rejection sampling."""
+    base = ("SELECT t.*, r.reward FROM traces t JOIN rewards r USING (trace_id) "
+            f"WHERE r.name = 'reward' AND t.http_status = 200 AND {scope} AND ")
+    if algo == "grpo":  # this turn's groups, as sampled by the policy being updated
+        return "rl", base + f"t.env_id = {_quote(env_id)}"
+    return "sft", (base + f"t.env_id LIKE {_quote(run_id + '-t%')} AND r.reward >= {float(solve_at)} "
+                   "QUALIFY row_number() OVER (PARTITION BY t.example_id ORDER BY t.trace_id) = 1")
+
+
+def _wait_rewarded(store, scope: str, env_id: str, n: int, timeout_s: float = 30.0) -> int:
     """Wait until ``n`` of the env's trace rows carry a reward (they reach Parquet in batches)."""
     deadline = time.monotonic() + timeout_s
     while True:
         store.refresh()
         got = store.sql("SELECT count(*) AS n FROM traces t JOIN rewards r USING (trace_id) "
-                        f"WHERE t.env_id = '{env_id}' AND r.name = 'reward'").column("n")[0].as_py()
+                        f"WHERE t.env_id = {_quote(env_id)} AND {scope} AND r.name = 'reward'").column("n")[0].as_py()
         if got >= n or time.monotonic() > deadline:
             return got
         time.sleep(0.3)
 
 
-def _tokens(store, env_ids: list[str]) -> int:
-    quoted = ", ".join(f"'{e}'" for e in env_ids)
+def _tokens(store, scope: str, env_ids: list[str]) -> int:
+    quoted = ", ".join(_quote(e) for e in env_ids)
     row = store.sql("SELECT coalesce(sum(gen_ai_usage_input_tokens + gen_ai_usage_output_tokens), 0) AS n "
-                    f"FROM traces WHERE env_id IN ({quoted})")
+                    f"FROM traces t WHERE env_id IN ({quoted}) AND {scope}")
     return int(row.column("n")[0].as_py())
 
 
@@ -56,6 +79,7 @@ class Loop:
 
         from feedback.hotswap import HotSwap
         from feedback.registry import Registry
+        from serve.keys import KeyStore
         from traces.store import TraceStore
 
         datasets.disable_progress_bars()
@@ -67,6 +91,10 @@ class Loop:
         self.url = f"http://{gw.host}:{gw.port}"
         self.alias = cfg.worker.served_model_name
         self.store = TraceStore(cfg.traces_path)
+        owner = KeyStore(gw.keys_file).lookup(key) if gw.keys_file else None
+        if owner is None or owner.revoked:
+            raise ValueError("the loop's key is not a live team key of this stack")
+        self.scope = run_scope(owner.team, owner.id)
         self.registry = Registry(cfg.home_path / "checkpoints.json")
         self.swap = HotSwap(self.url, gw.admin_key, self.registry, cfg.deployment_name, self.alias, cfg.model_path)
 
@@ -94,7 +122,8 @@ class Loop:
         results = self._episodes(env_id, self.lc.train_tasks, self.lc.eval_tasks, 1, 0.0)
         out = {**_summary(results, self.lc.solve_at), "env_id": env_id,
                "examples": [[r.example_id, r.reply, r.reward] for r in results[:3]]}
-        out["tokens"] = _tokens(self.store, [env_id]) if _wait_rewarded(self.store, env_id, len(results)) else 0
+        rewarded = _wait_rewarded(self.store, self.scope, env_id, len(results))
+        out["tokens"] = _tokens(self.store, self.scope, [env_id]) if rewarded else 0
         return out
 
     def _rollouts(self, turn: int) -> dict:
@@ -104,22 +133,16 @@ class Loop:
         env_id = f"{self.state.run_id}-t{turn}-a{attempt}"
         lc = self.lc
         results = self._episodes(env_id, 0, lc.train_tasks, lc.samples, 1.0)
-        rewarded = _wait_rewarded(self.store, env_id, len(results))
+        rewarded = _wait_rewarded(self.store, self.scope, env_id, len(results))
         return {**_summary(results, lc.solve_at), "env_id": env_id, "rewarded": rewarded,
-                "tokens": _tokens(self.store, [env_id])}
+                "tokens": _tokens(self.store, self.scope, [env_id])}
 
     def _export(self, turn: int, rollouts: dict) -> dict:
         from feedback.export import export
 
         lc = self.lc
         out = self.cfg.home_path / "datasets" / f"{self.state.run_id}-t{turn}"
-        base = ("SELECT t.*, r.reward FROM traces t JOIN rewards r USING (trace_id) "
-                "WHERE r.name = 'reward' AND t.http_status = 200 AND ")
-        if lc.algo == "grpo":  # this turn's groups, as sampled by the policy being updated
-            kind, sql = "rl", base + f"t.env_id = '{rollouts['env_id']}'"
-        else:  # rejection sampling: the first exact solve per task among all this run's rollouts
-            kind, sql = "sft", (base + f"t.env_id LIKE '{self.state.run_id}-t%' AND r.reward >= {lc.solve_at} "
-                                "QUALIFY row_number() OVER (PARTITION BY t.example_id ORDER BY t.trace_id) = 1")
+        kind, sql = training_sql(lc.algo, self.scope, rollouts["env_id"], self.state.run_id, lc.solve_at)
         try:
             return export(self.store, kind, out, sql)
         except ValueError as exc:  # nothing solved yet: this turn trains nothing

@@ -63,23 +63,32 @@ async def _episodes(taskset: str, base_url: str, model: str, n: int, rollouts: i
     sampling = vf.SamplingConfig(temperature=temperature, max_tokens=max_tokens)
     tasks = list(env.taskset.take(offset + n))[offset:]
     if len(tasks) < n:
-        raise ValueError(f"{taskset} has {offset + len(tasks)} tasks; {offset + n} were asked for")
+        have = offset + len(tasks)
+        raise NotEnoughTasks(f"{taskset} has {have} tasks and tasks {offset + 1}-{offset + n} were asked for: "
+                             f"pass --train-tasks and --eval-tasks that add up to at most {have}")
+    # verifiers' TaskData.id is optional: a task without one is named by its place in the taskset
+    ids = [str(t.data.id) if t.data.id is not None else f"task-{offset + i}" for i, t in enumerate(tasks)]
 
-    def context(task, k: int) -> "vf.ModelContext":
+    def context(example_id: str, k: int) -> "vf.ModelContext":
         # one client config per rollout, so each trace row says which example and rollout it was
         return vf.ModelContext(model=model, sampling=sampling, client=vf.EvalClientConfig(
             base_url=f"{base_url}/v1", api_key_var=KEY_VAR,
-            headers={"X-Env-ID": env_id, "X-Example-ID": task.data.id,
-                     "X-Rollout-ID": f"{env_id}/{task.data.id}/{k}"}))
+            headers={"X-Env-ID": env_id, "X-Example-ID": example_id,
+                     "X-Rollout-ID": f"{env_id}/{example_id}/{k}"}))
 
-    async with env.serving():
-        episodes = await asyncio.gather(*(env.run_episode(t, context(t, k)) for t in tasks for k in range(rollouts)))
+    runs = [(t, example_id, k) for t, example_id in zip(tasks, ids) for k in range(rollouts)]
+    async with env.serving():  # gather keeps the order of ``runs``
+        episodes = await asyncio.gather(*(env.run_episode(t, context(example_id, k)) for t, example_id, k in runs))
     out = []
-    for ep in episodes:
+    for ep, (_, example_id, _) in zip(episodes, runs):
         tr = ep.traces[0]
-        out.append(EpisodeResult(example_id=tr.task.data.id, session_id=tr.id, reward=float(tr.reward or 0.0),
+        out.append(EpisodeResult(example_id=example_id, session_id=tr.id, reward=float(tr.reward or 0.0),
                                  reply=tr.last_reply or "", ok=ep.ok))
     return out
+
+
+class NotEnoughTasks(ValueError):
+    """The taskset has fewer tasks than the run asked for."""
 
 
 def _trace_ids(base_url: str, key: str, sessions: list[str], expect_at_least: int,

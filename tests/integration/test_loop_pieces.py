@@ -4,7 +4,7 @@ token-in/token-out generation, and exports that keep the engine's token ids."""
 import httpx
 import pytest
 
-from envs.vf_run import run_env
+from envs.vf_run import NotEnoughTasks, run_env
 from feedback.export import export
 from serve.keys import KeyStore
 from traces.store import TraceStore
@@ -33,6 +33,19 @@ def test_a_verifiers_environment_runs_through_the_gateway_and_its_rewards_land_i
         assert row["rollout_id"].startswith(f"vf-words-test/{row['example_id']}/")
         assert row["reward"] == pytest.approx(by_session[row["session"]])
     assert len({r["rollout_id"] for r in rows}) == 8 and len({r["session"] for r in rows}) == 8
+
+
+def test_a_taskset_without_task_ids_runs_and_a_short_one_says_what_to_pass(stack, gateway_url, team_key):
+    taskset = "tests.integration.vf_head_env:AnonymousTaskset"
+    results = run_env(taskset, gateway_url, team_key, "tiny", n=2, max_tokens=4, env_id="vf-anon-test",
+                      taskset_args={"n": 3})
+    assert sorted(r.example_id for r in results) == ["task-0", "task-1"]
+    rows = TraceStore(stack.traces_path).sql(
+        "SELECT DISTINCT example_id FROM traces WHERE env_id = 'vf-anon-test' ORDER BY 1").to_pylist()
+    assert rows == [{"example_id": "task-0"}, {"example_id": "task-1"}]
+    with pytest.raises(NotEnoughTasks, match="--train-tasks and --eval-tasks that add up to at most 3"):
+        run_env(taskset, gateway_url, team_key, "tiny", n=2, offset=2, env_id="vf-anon-short",
+                taskset_args={"n": 3})
 
 
 def test_token_in_token_out_generate_is_captured_like_any_request(stack, gateway_url):

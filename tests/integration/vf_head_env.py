@@ -34,4 +34,12 @@ class UnusedTaskset(HeadTaskset):
     """Here only so that the module exports two tasksets."""
 
 
-__all__ = ["HeadTaskset", "UnusedTaskset"]
+class AnonymousTaskset(HeadTaskset):
+    """Tasks without an id (verifiers' ``TaskData.id`` is optional)."""
+
+    def load(self):
+        for t in wordops.tasks("head", "first", self.config.n, self.config.seed):
+            yield HeadTask(HeadData(prompt=t.prompt, words=list(t.words)), self.config.task)
+
+
+__all__ = ["HeadTaskset", "UnusedTaskset", "AnonymousTaskset"]
