@@ -94,7 +94,7 @@ class Loop:
         owner = KeyStore(gw.keys_file).lookup(key) if gw.keys_file else None
         if owner is None or owner.revoked:
             raise ValueError("the loop's key is not a live team key of this stack")
-        self.scope = run_scope(owner.team, owner.id)
+        self.team, self.scope = owner.team, run_scope(owner.team, owner.id)
         self.registry = Registry(cfg.home_path / "checkpoints.json")
         self.swap = HotSwap(self.url, gw.admin_key, self.registry, cfg.deployment_name, self.alias, cfg.model_path)
 
@@ -191,7 +191,7 @@ class Loop:
         try:
             self.registry.register(trained["version"], trained["kind"], trained["path"],
                                    self.state.data["warm_path"], parent=parent, dataset=trained["dataset"],
-                                   metrics=trained["metrics"], env=self.lc.env, turn=turn)
+                                   metrics=trained["metrics"], env=self.lc.env, turn=turn, team=self.team)
         except RegistryError:
             if self.registry.get(trained["version"]).path != str(Path(trained["path"]).resolve()):
                 raise  # a resumed deploy finds its own registration; anything else is a clash

@@ -32,6 +32,7 @@ class Checkpoint:
     created: str = ""
     env: str | None = None             # the environment whose rewards trained it
     turn: int | None = None            # the loop turn that made it
+    team: str | None = None            # whose traces trained it: only that team sees how
 
 
 class RegistryError(ValueError):
@@ -61,7 +62,7 @@ class Registry:
     def register(self, version: str, kind: str, path: str | Path, base_model: str,
                  parent: str | None = None, dataset: dict | None = None,
                  metrics: dict | None = None, env: str | None = None,
-                 turn: int | None = None) -> Checkpoint:
+                 turn: int | None = None, team: str | None = None) -> Checkpoint:
         if kind not in ("lora", "full"):
             raise RegistryError(f"kind must be 'lora' or 'full', not {kind!r}")
         if version == BASE:
@@ -70,7 +71,7 @@ class Registry:
             raise RegistryError(f"checkpoint path {path} is not a directory")
         ckpt = Checkpoint(version=version, kind=kind, path=str(Path(path).resolve()),
                           base_model=str(base_model), parent=parent, dataset=dataset,
-                          metrics=metrics or {}, env=env, turn=turn,
+                          metrics=metrics or {}, env=env, turn=turn, team=team,
                           created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         with self._edit() as data:
             if version in data["checkpoints"]:

@@ -41,6 +41,11 @@ def _walk(node, allowed: set[str], ctes: set[str]) -> None:
     if isinstance(cte_map, dict):
         ctes = ctes | {entry.get("key", "").lower() for entry in cte_map.get("map", [])}
     kind = node.get("type")
+    if kind == "SHOW_REF" and node.get("table_name"):  # SHOW TABLES and kin list the whole catalog
+        raise QueryRefused(f"SHOW lists internal names; the readable views are {sorted(allowed)} "
+                           "(DESCRIBE <view> gives a view's columns)")
+    if kind == "FUNCTION" and _internal_function((node.get("function_name") or "").lower()):
+        raise QueryRefused(f"{node['function_name']}() reads the server's settings, not the store")
     if kind == "TABLE_FUNCTION":
         fn = (node.get("function") or {}).get("function_name", "?")
         raise QueryRefused(f"table function {fn}() is not allowed; query the views {sorted(allowed)}")
@@ -53,3 +58,12 @@ def _walk(node, allowed: set[str], ctes: set[str]) -> None:
     for value in node.values():
         if isinstance(value, (dict, list)):
             _walk(value, allowed, ctes)
+
+
+# Scalar functions that read the server rather than the data: settings name paths on the host
+_INTERNAL_FUNCTIONS = {"current_setting", "getvariable", "getenv", "which_secret", "current_schemas",
+                       "current_database", "current_catalog"}
+
+
+def _internal_function(name: str) -> bool:
+    return name in _INTERNAL_FUNCTIONS or name.startswith(("duckdb_", "pragma_"))

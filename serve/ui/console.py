@@ -27,6 +27,8 @@ def router(web: Web) -> APIRouter:
         session = web.session(request)
         stats = await web.read(session, "by_checkpoint")
         registered = _registry(config.checkpoints_file)
+        if not session.caller.admin:
+            registered = _for_team(registered, set(stats), session.caller.team)
         versions = {"base": _unregistered("base", "base", None), **registered}
         for v in stats:  # served under a version the registry does not know (another home, deleted)
             versions.setdefault(v, _unregistered(v, "?", "base"))
@@ -95,6 +97,18 @@ def _registry(path: str | None) -> dict[str, dict]:
     if not path or not Path(path).is_file():
         return {}
     return json.loads(Path(path).read_text()).get("checkpoints", {})
+
+
+def _for_team(registered: dict[str, dict], served: set[str], team: str) -> dict[str, dict]:
+    """What a team sees of the registry: the checkpoints that served its traces and their
+    ancestors; what one was trained on (env ids, SQL, paths) only if the team's traces trained it."""
+    keep: set[str] = set()
+    for version in served:
+        while version in registered and version not in keep:
+            keep.add(version)
+            version = registered[version].get("parent")
+    return {v: c if c.get("team") == team else {**c, "dataset": None, "env": None, "path": "", "metrics": {}}
+            for v, c in registered.items() if v in keep}
 
 
 def _unregistered(version: str, kind: str, parent: str | None) -> dict:

@@ -73,7 +73,10 @@ def gateway(tmp_path_factory, tiny_model_dir):
     _, blue = keys.create("blue")
     registry = Registry(home / "checkpoints.json")
     registry.register("lora-red-1", "lora", tiny_model_dir, str(tiny_model_dir), parent="base",
-                      dataset={"kind": "sft", "rows": 12, "sql": "SELECT 1"}, turn=1)
+                      dataset={"kind": "sft", "rows": 12, "sql": "SELECT 1"}, turn=1, team="red")
+    registry.register("lora-blue-1", "lora", tiny_model_dir, str(tiny_model_dir), parent="base",
+                      dataset={"kind": "sft", "rows": 5, "sql": "SELECT 'blue secret'"}, env="blue-env",
+                      turn=1, team="blue")
     port = free_port()
     cfg = GatewayConfig(port=port, traces_dir=str(home / "traces"), keys_file=str(home / "keys.json"),
                         admin_key="admin-key", checkpoints_file=str(home / "checkpoints.json"),
@@ -189,6 +192,7 @@ def test_filter_by_checkpoint_and_search(page, gateway):
     lora = page.inner_text("tr.checkpoint[data-version='lora-red-1']")
     assert "12 rows" in lora and "0.800" in lora  # blue's -1 on a lora-red-1 trace is not red's
     assert "0.200" in page.inner_text("tr.checkpoint[data-version='base']")
+    assert "lora-blue-1" not in page.content() and "blue secret" not in page.content()
     base_bar, lora_bar = page.locator("figure.chart").first.locator("rect").all()
     assert float(lora_bar.get_attribute("height")) == 4 * float(base_bar.get_attribute("height")) > 0
     page.goto(f"{gateway['url']}/ui/usage")

@@ -114,3 +114,19 @@ def test_the_admin_sees_every_team(setup):
     text = client.get("/ui/traces").text
     assert all(f"/ui/traces/tr-{i}" in text for i in range(6))
     assert "admin (all teams)" in text
+
+
+def test_a_team_sees_only_its_checkpoints_and_not_what_trained_another_teams(tmp_path):
+    from feedback.registry import Registry
+    from tests.unit.conftest import seeded_gateway
+    registry = Registry(tmp_path / "checkpoints.json")
+    (tmp_path / "ck").mkdir()
+    registry.register("blue-ck", "lora", tmp_path / "ck", "base", parent="base", team="blue", env="blue-env-9",
+                      dataset={"kind": "rl", "rows": 3, "sql": "SELECT 'blue secret'"})
+    with seeded_gateway(tmp_path, checkpoints_file=str(tmp_path / "checkpoints.json")) as (client, keys):
+        login(client, keys["red"])
+        page = client.get("/ui/checkpoints").text
+        assert "blue-ck" not in page and "blue secret" not in page and "blue-env-9" not in page
+        client.cookies.clear()
+        login(client, keys["admin"])
+        assert "blue secret" in client.get("/ui/checkpoints").text

@@ -75,3 +75,21 @@ def test_sql_errors_are_400_not_500(setup):
     client, keys = setup
     r = q(client, keys["red"], "SELECT no_such_column FROM traces")
     assert r.status_code == 400 and "no_such_column" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("sql", [
+    "SHOW TABLES", "SHOW ALL TABLES", "SELECT * FROM (SHOW TABLES)",
+    "SELECT current_setting('temp_directory')", "SELECT current_setting('allowed_directories')",
+    "SELECT getvariable('x')", "SELECT current_database()",
+])
+def test_internal_names_and_server_settings_are_not_readable(setup, sql):
+    client, keys = setup
+    for key in (keys["red"], keys["admin"]):
+        r = q(client, key, sql)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "sql", (sql, r.text)
+
+
+def test_a_view_can_still_be_described(setup):
+    client, keys = setup
+    r = q(client, keys["red"], "DESCRIBE traces")
+    assert r.status_code == 200 and ["trace_id", "VARCHAR"] == r.json()["rows"][1][:2], r.text
