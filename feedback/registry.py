@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
+
+from traces.files import write_atomic
 
 BASE = "base"
 
@@ -50,9 +51,7 @@ class Registry:
             fcntl.flock(lock, fcntl.LOCK_EX)
             data = self._read()
             yield data
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, indent=2))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(data, indent=2).encode())
 
     def _read(self) -> dict:
         if not self.path.exists():

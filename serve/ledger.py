@@ -17,13 +17,13 @@ with no Redis keeps its spend in a file (``persist``) so a restart does not forg
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from serve.shared_state import LOCAL, SharedState
+from traces.files import write_atomic
 
 # live(key, now): lapsed reservations dropped, the live ones summed (n, a, b); Redis's clock.
 _LIVE = """
@@ -203,9 +203,7 @@ class Ledger:
             self._local_spent.pop(name, None)  # Redis holds it now; the next outage starts afresh
 
     def _save(self) -> None:
-        tmp = self.persist.with_name(f".{self.persist.name}.tmp")
-        tmp.write_text(json.dumps(self._local_spent))
-        os.replace(tmp, self.persist)
+        write_atomic(self.persist, json.dumps(self._local_spent).encode())  # a charge survives a crash
 
     def totals(self, name: str) -> Totals:
         self._sync(name)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
 from serve.config import ModelRoute
 from serve.shared_state import LOCAL, SharedState
+from traces.files import write_atomic
 
 log = logging.getLogger(__name__)
 HASH, VERSION = "flywheel:routes", "flywheel:routes:version"
@@ -113,6 +113,4 @@ class RouteTable(MutableMapping):
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({a: r.model_dump() for a, r in self._routes.items()}, indent=2))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps({a: r.model_dump() for a, r in self._routes.items()}, indent=2).encode())

@@ -31,22 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+from traces.files import append_durably, private_dirs, write_atomic
 from traces.spool import fsync_path
 
 BATCH_DIR = "_batches"
 DONE = "done"
 ACTIVE = ("in_progress", "finalizing", "cancelling")  # statuses with work left: listed in active/
 _ORPHAN_S = 60.0  # a marker whose batch.json never appeared (a crash inside create) is dropped after this
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(path.parent)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -78,14 +69,13 @@ class FileStore:
     """Uploaded files and the files batches produce; each belongs to one team."""
 
     def __init__(self, traces_dir: str | Path):
-        self.dir = Path(traces_dir) / BATCH_DIR / "files"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = private_dirs(Path(traces_dir) / BATCH_DIR / "files")
 
     def put(self, team: str, filename: str, purpose: str, data: bytes) -> dict:
         meta = {"id": new_id("file-"), "object": "file", "bytes": len(data), "created_at": int(time.time()),
                 "filename": filename, "purpose": purpose, "status": "processed", "team": team}
-        _write_atomic(self.dir / f"{meta['id']}.data", data)
-        _write_atomic(self.dir / f"{meta['id']}.json", json.dumps(meta).encode())
+        write_atomic(self.dir / f"{meta['id']}.data", data)
+        write_atomic(self.dir / f"{meta['id']}.json", json.dumps(meta).encode())
         return meta
 
     def get(self, file_id: str) -> dict | None:
@@ -109,8 +99,7 @@ class FileStore:
 
 class BatchStore:
     def __init__(self, traces_dir: str | Path):
-        self.dir = Path(traces_dir) / BATCH_DIR / "batches"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = private_dirs(Path(traces_dir) / BATCH_DIR / "batches")
         self.active_dir = self.dir.parent / "active"
         if not self.active_dir.is_dir():
             self._build_active_index()
@@ -124,10 +113,10 @@ class BatchStore:
         """Markers for a store written before the index existed; built aside and renamed into
         place, so a crash halfway leaves no partial index behind."""
         tmp = self.active_dir.with_name(f".active.{os.getpid()}.tmp")
-        tmp.mkdir(exist_ok=True)
+        tmp.mkdir(mode=0o700, exist_ok=True)
         for batch in self.list():
             if batch["status"] in ACTIVE:
-                (tmp / batch["id"]).touch()
+                (tmp / batch["id"]).touch(mode=0o600)
         try:
             os.rename(tmp, self.active_dir)
         except OSError:  # another replica built it first
@@ -139,12 +128,13 @@ class BatchStore:
         """A new batch: its validated lines, and the lines refused at validation as results
         already (they count as failed and go to the error file)."""
         d = self._path(batch["id"])
-        d.mkdir()
-        (self.active_dir / batch["id"]).touch()  # before batch.json: no batch exists unlisted
-        _write_atomic(d / "lines.jsonl", b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+        d.mkdir(mode=0o700)
+        fsync_path(d.parent)
+        (self.active_dir / batch["id"]).touch(mode=0o600)  # before batch.json: no batch exists unlisted
+        write_atomic(d / "lines.jsonl", b"".join(json.dumps(line).encode() + b"\n" for line in lines))
         if rejected:
             self.append_results(batch["id"], "validation", rejected)
-        _write_atomic(d / "batch.json", json.dumps(batch).encode())  # last: the batch exists now
+        write_atomic(d / "batch.json", json.dumps(batch).encode())  # last: the batch exists now
 
     def get(self, batch_id: str) -> dict | None:
         path = self._path(batch_id) / "batch.json"
@@ -180,7 +170,7 @@ class BatchStore:
         with self._locked(batch_id):
             batch = self.get(batch_id)
             if change(batch):
-                _write_atomic(self._path(batch_id) / "batch.json", json.dumps(batch).encode())
+                write_atomic(self._path(batch_id) / "batch.json", json.dumps(batch).encode())
             return batch
 
     def lines(self, batch_id: str) -> list[dict]:
@@ -190,10 +180,8 @@ class BatchStore:
 
     def append_results(self, batch_id: str, owner: str, results: list[dict]) -> None:
         """Durable on return. Each result carries ``n`` (its input line) and ``ok``."""
-        with open(self._path(batch_id) / f"results-{owner.replace('/', '.')}.jsonl", "ab") as f:
-            f.write(b"".join(json.dumps(r).encode() + b"\n" for r in results))
-            f.flush()
-            os.fsync(f.fileno())
+        append_durably(self._path(batch_id) / f"results-{owner.replace('/', '.')}.jsonl",
+                       b"".join(json.dumps(r).encode() + b"\n" for r in results))
 
     def results(self, batch_id: str) -> dict[int, dict]:
         """Input line -> its result, over every owner's file (the first answer of a line wins).

@@ -12,7 +12,6 @@ Files live under ``<store>/_feedback/date=YYYY-MM-DD/``; the store's ``feedback`
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import uuid
 from datetime import datetime, timezone
@@ -21,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.spool import fsync_path
+from traces.files import private_dirs, seal
 
 log = logging.getLogger(__name__)
 FEEDBACK_DIR = "_feedback"
@@ -103,14 +102,11 @@ class FeedbackWriter:
 
     def _write_file(self, rows: list[dict]) -> None:
         now = datetime.now(timezone.utc)
-        part = self.root / FEEDBACK_DIR / f"date={now:%Y-%m-%d}"
-        part.mkdir(parents=True, exist_ok=True)
+        part = private_dirs(self.root / FEEDBACK_DIR / f"date={now:%Y-%m-%d}")
         name = f"fb-{now:%H%M%S%f}-{uuid.uuid4().hex[:8]}.parquet"
         tmp = part / f".{name}.tmp"
         pq.write_table(pa.Table.from_pylist(rows, schema=FEEDBACK_SCHEMA), tmp, compression="zstd")
-        fsync_path(tmp)
-        os.replace(tmp, part / name)
-        fsync_path(part)
+        seal(tmp, part / name)
         self._last_part = part
 
     def _compact_if_due(self) -> None:

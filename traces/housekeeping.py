@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import re
 import shutil
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ import duckdb
 import pyarrow.parquet as pq
 
 from traces.feedback import FEEDBACK_DIR
+from traces.files import seal
 from traces.schema import SCHEMA_VERSION
 from traces.spool import SEGMENT_GLOB, fsync_path, read_segment
 
@@ -148,9 +148,7 @@ def _compact_part(con, part: Path, inputs: list[Path], min_files: int, report: d
         f"TO '{str(tmp).replace(chr(39), chr(39) * 2)}' (FORMAT parquet, COMPRESSION zstd, "
         f"KV_METADATA {{'{version_key}': '{_max_version(inputs, version_key)}'}})"
     ).fetchall()[0][0]
-    fsync_path(tmp)
-    os.replace(tmp, part / output)
-    fsync_path(part)
+    seal(tmp, part / output)
     for f in inputs:
         f.unlink()
     fsync_path(part)

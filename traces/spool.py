@@ -33,6 +33,8 @@ from typing import Callable
 
 import msgspec
 
+from traces.files import fsync_path, private_dirs
+
 log = logging.getLogger(__name__)
 _HEADER = struct.Struct("<II")
 _encoder = msgspec.msgpack.Encoder()
@@ -57,16 +59,6 @@ def segment_key(path: Path) -> str:
 
 def _frame(payload: bytes) -> bytes:
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a create, rename or unlink is durable only once its
-    directory is synced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_segment(path: Path) -> tuple[list[dict], int]:
@@ -110,8 +102,7 @@ class Spool:
     replay (``sealed``)."""
 
     def __init__(self, directory: str | Path, fsync: bool = True, header: dict | None = None):
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = private_dirs(Path(directory))
         self._lock_fd = _lock(self.dir)
         self.fsync = fsync
         self.lifetime = new_lifetime()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from functools import lru_cache
@@ -27,6 +26,7 @@ from urllib.parse import quote
 
 import pyarrow.parquet as pq
 
+from traces.files import private_dirs, seal
 from traces.prefix import PrefixEncoder
 from traces.schema import SPOOL_HEADER, check_record, rows_to_table, to_row
 from traces.spool import Spool, SpoolError, fsync_path, read_segment, segment_key
@@ -60,7 +60,7 @@ class TraceWriter:
                  max_age_s: float = 1.0, fsync: bool = True, prefix_refs: bool = True):
         self.root, self.instance = Path(root), instance
         self.max_batch, self.max_age_s = max_batch, max_age_s
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dirs(self.root)
         # prefix_refs=False stores every prompt whole (only benchmarks compare the two)
         self.prefix = PrefixEncoder(min_shared=64 if prefix_refs else 1 << 62)
         self.spool = Spool(spool_dir(self.root, instance), fsync=fsync, header=SPOOL_HEADER)
@@ -161,14 +161,11 @@ class TraceWriter:
             groups.setdefault(partition_of({"time_received": r[ts], "gen_ai_request_model": r[model]}),
                               []).append(r)
         for (date, model), rows in groups.items():
-            part = self.root / f"date={date}" / f"model={model}"
-            part.mkdir(parents=True, exist_ok=True)
+            part = private_dirs(self.root / f"date={date}" / f"model={model}")
             name = f"{self.instance}-{segment_key(segment)}.parquet"
             tmp = part / f".{name}.tmp"
             pq.write_table(rows_to_table(fields, rows), tmp, compression="zstd")
-            fsync_path(tmp)
-            os.replace(tmp, part / name)
-            fsync_path(part)
+            seal(tmp, part / name)
         segment.unlink()
         fsync_path(segment.parent)
         return len(by_id)

@@ -79,7 +79,7 @@ def test_every_query_reads_one_snapshot_while_a_compaction_runs(tmp_path, monkey
     import os
     import threading
 
-    from traces import housekeeping
+    from traces import files
 
     fill(tmp_path, 4)  # 4 files, 20 rows
     before = TraceStore(tmp_path)
@@ -91,7 +91,7 @@ def test_every_query_reads_one_snapshot_while_a_compaction_runs(tmp_path, monkey
             paused.set()
             go.wait(10)
 
-    monkeypatch.setattr(housekeeping.os, "replace", rename_then_pause)
+    monkeypatch.setattr(files.os, "replace", rename_then_pause)  # the compaction renames through traces.files
     worker = threading.Thread(target=compact, args=(tmp_path,))
     worker.start()
     try:
