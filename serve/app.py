@@ -68,8 +68,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     breakers = Breakers(state, config.breaker)
     metrics = Metrics()
     forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics)
-    files, batches = FileStore(config.traces_dir), BatchStore(config.traces_dir)
-    batch_runner = BatchRunner(config, batches, files, forwarder)
+    files, batches = FileStore(config.traces_dir, config.batch.file_ttl_s), BatchStore(config.traces_dir)
+    batch_runner = BatchRunner(config, batches, files, forwarder, keys)
     queries = QueryPool(config.query, config.query_timeout_s, trace_query.spill_root(config))
 
     def caller_of(request: Request) -> Caller:

@@ -106,7 +106,12 @@ class Price(StrictModel):
 class BatchConfig(StrictModel):
     """The Batch API (serve/batch/): limits on an input file, and how lines are scheduled."""
     max_lines: int = Field(50_000, ge=1, description="lines in one batch input file")
-    max_file_bytes: int = Field(200 << 20, ge=1, description="size of one uploaded file")
+    max_file_bytes: int = Field(32 << 20, ge=1, description="size of one uploaded file (also bounded by "
+                                "gateway.max_body_bytes)")
+    max_team_bytes: int = Field(1 << 30, ge=1, description="a team's uploaded files together: the disk "
+                                "the trace spool needs is not one team's to fill")
+    file_ttl_s: float = Field(30 * 86400, gt=0, description="files (uploads, outputs) are deleted this long "
+                              "after they were made")
     concurrency: int = Field(4, ge=1, description="batch lines in flight on this replica while no interactive "
                              "request is being served (on the sim profile 4 already matches the direct path's "
                              "best throughput)")

@@ -88,8 +88,9 @@ class KeyStore:
         return next((k for k in self._current().values() if k.id == key_id), None)
 
     def _current(self) -> dict[str, KeyRecord]:
-        try:
-            mtime = self.path.stat().st_mtime
+        try:  # the file is replaced on every change: a new inode even within one mtime tick
+            st = self.path.stat()
+            mtime = (st.st_mtime_ns, st.st_size, st.st_ino)
         except FileNotFoundError:
             mtime = None
         if mtime != self._mtime:

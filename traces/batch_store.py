@@ -68,11 +68,15 @@ def _instance(owner: str) -> str:
 class FileStore:
     """Uploaded files and the files batches produce; each belongs to one team."""
 
-    def __init__(self, traces_dir: str | Path):
+    def __init__(self, traces_dir: str | Path, ttl_s: float | None = None):
+        """``ttl_s``: a file is deleted this long after it was made (None: kept until deleted)."""
         self.dir = private_dirs(Path(traces_dir) / BATCH_DIR / "files")
+        self.ttl_s = ttl_s
 
     def put(self, team: str, filename: str, purpose: str, data: bytes) -> dict:
-        meta = {"id": new_id("file-"), "object": "file", "bytes": len(data), "created_at": int(time.time()),
+        now = int(time.time())
+        meta = {"id": new_id("file-"), "object": "file", "bytes": len(data), "created_at": now,
+                "expires_at": None if self.ttl_s is None else now + int(self.ttl_s),
                 "filename": filename, "purpose": purpose, "status": "processed", "team": team}
         write_atomic(self.dir / f"{meta['id']}.data", data)
         write_atomic(self.dir / f"{meta['id']}.json", json.dumps(meta).encode())
@@ -90,6 +94,14 @@ class FileStore:
     def list(self) -> list[dict]:
         metas = [json.loads(p.read_text()) for p in self.dir.glob("*.json")]
         return sorted(metas, key=lambda m: (m["created_at"], m["id"]), reverse=True)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Delete the files whose time is up; returns their ids."""
+        now = time.time() if now is None else now
+        gone = [m["id"] for m in self.list() if m.get("expires_at") is not None and m["expires_at"] <= now]
+        for file_id in gone:
+            self.delete(file_id)
+        return gone
 
     def delete(self, file_id: str) -> None:
         (self.dir / f"{file_id}.json").unlink(missing_ok=True)  # metadata first: then it is gone

@@ -85,6 +85,11 @@ def router(config: GatewayConfig, files: FileStore, store: BatchStore, runner: B
         if len(data) > limits.max_file_bytes:
             raise APIError(413, f"the file is larger than {limits.max_file_bytes} bytes "
                                 "(gateway.batch.max_file_bytes)", param="file")
+        held = sum(m["bytes"] for m in await asyncio.to_thread(files.list) if m["team"] == caller.team)
+        if held + len(data) > limits.max_team_bytes:
+            raise APIError(413, f"your team's files hold {held:,} bytes; this one would pass the "
+                                f"{limits.max_team_bytes:,} a team may keep (delete some: DELETE /v1/files/ID)",
+                           param="file", code="quota_exceeded")
         meta = await asyncio.to_thread(files.put, caller.team, upload.filename or "upload.jsonl", purpose, data)
         return file_view(meta)
 

@@ -27,6 +27,7 @@ from serve.capture import RequestContext
 from serve.config import GatewayConfig
 from serve.errors import APIError
 from serve.forward import Forwarder
+from serve.keys import KeyStore
 from traces.batch_store import BatchStore, FileStore
 from traces.spool import new_lifetime
 
@@ -34,8 +35,10 @@ log = logging.getLogger(__name__)
 
 
 class BatchRunner:
-    def __init__(self, config: GatewayConfig, store: BatchStore, files: FileStore, forwarder: Forwarder):
-        self.cfg, self.traces_dir = config.batch, config.traces_dir
+    def __init__(self, config: GatewayConfig, store: BatchStore, files: FileStore, forwarder: Forwarder,
+                 keys: KeyStore | None = None):
+        self.cfg, self.traces_dir, self.keys = config.batch, config.traces_dir, keys
+        self._next_expiry = 0.0
         self.store, self.files, self.forwarder = store, files, forwarder
         self.owner = f"{config.instance_name}/{new_lifetime()}"
         self.lanes = Lanes(forwarder.admission.interactive, self.cfg.concurrency, self.cfg.busy_concurrency)
@@ -65,12 +68,17 @@ class BatchRunner:
                 log.warning("could not share interactive marks; scheduling with the last seen", exc_info=True)
             self._sync_failing = True
         self.chunk_tasks = {k: t for k, t in self.chunk_tasks.items() if not t.done()}
+        if time.monotonic() >= self._next_expiry:  # files past their time (a team's disk is bounded)
+            self._next_expiry = time.monotonic() + 60
+            await asyncio.to_thread(self.files.expire)
         active = await asyncio.to_thread(self.store.active)
         ids = {b["id"] for b in active}
         self._lines = {bid: lines for bid, lines in self._lines.items() if bid in ids}
         for batch in active:
             if batch["status"] == "in_progress" and time.time() >= batch["expires_at"]:
                 await asyncio.to_thread(self._expire, batch)
+            if batch["status"] == "in_progress" and self._key_revoked(batch):
+                await asyncio.to_thread(self._stop_revoked, batch)
             if batch["status"] != "in_progress" or batch["id"] in self.cancelled:
                 self.cancelled.add(batch["id"])
                 if not self._running(batch["id"]):
@@ -211,6 +219,23 @@ class BatchRunner:
         while True:
             await asyncio.sleep(self.cfg.lease_ttl_s / 3)
             await asyncio.to_thread(self.store.renew, batch_id, self.owner, [chunk], self.cfg.lease_ttl_s)
+
+    def _key_revoked(self, batch: dict) -> bool:
+        """Whether the key that created the batch was revoked since (a revoked key's work stops)."""
+        key_id = batch.get("_api_key_id")
+        if self.keys is None or not key_id or key_id == "admin":
+            return False
+        record = self.keys.by_id(key_id)
+        return record is None or record.revoked
+
+    def _stop_revoked(self, batch: dict) -> None:
+        def change(b: dict) -> bool:
+            if b["status"] != "in_progress":
+                return False
+            b.update(status="cancelling", _revoked=True, cancelling_at=int(time.time()))
+            return True
+        log.warning("batch %s: its key %s was revoked; cancelling it", batch["id"], batch.get("_api_key_id"))
+        batch.update(self.store.update(batch["id"], change))
 
     def _expire(self, batch: dict) -> None:
         def change(b: dict) -> bool:
