@@ -29,6 +29,7 @@ from serve.body_limit import BodyLimit
 from serve.breaker import STATE_CODES, Breakers
 from serve.capture import RequestContext, new_trace_id
 from serve.config import GatewayConfig, ModelRoute, Price
+from serve.cross_site import CrossSite
 from serve.errors import APIError, install_error_handlers, invalid_request, model_not_found
 from serve.forward import Forwarder, Stream
 from serve.hot_path import Gateway, HotPath
@@ -104,6 +105,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
 
     app = Gateway(title="Flywheel gateway", lifespan=lifespan)
     app.hot_path = HotPath(serve, config.max_body_bytes)
+    app.cross_site = CrossSite(config)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.writer, app.state.routes, app.state.admission = writer, routes, admission
     app.state.batch_runner = batch_runner

@@ -156,6 +156,8 @@ class QueryConfig(StrictModel):
 class GatewayConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = 8000
+    allowed_hosts: list[str] = Field(default_factory=list, description="names a browser may reach the "
+                                     "gateway by, besides loopback and host (a proxy's name; serve/cross_site.py)")
     deployments: list[Deployment] = Field(default_factory=list)
     models: dict[str, ModelRoute] = Field(default_factory=dict, description="alias -> route (the start "
                                           "value; once an alias moves, routes_file and Redis hold the table)")

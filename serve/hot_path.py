@@ -24,6 +24,7 @@ from fastapi import FastAPI
 
 from serve import json_codec
 from serve.body_limit import too_large
+from serve.cross_site import CrossSite
 from serve.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,13 @@ class Gateway(FastAPI):
     """FastAPI, with the completion routes answered by its ``hot_path`` before anything else."""
 
     hot_path: HotPath | None = None
+    cross_site: CrossSite | None = None
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.cross_site is not None:
+            refused = self.cross_site.refusal(scope)
+            if refused is not None:
+                return await HotPath._json(send, refused.status, refused.body(), {})
         if (self.hot_path is not None and scope["type"] == "http" and scope["path"] in ROUTES
                 and scope["method"] == "POST"):
             return await self.hot_path(scope, receive, send)

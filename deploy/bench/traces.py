@@ -84,8 +84,10 @@ def agentic_bytes(turns: int, start: int, step: int, out: int) -> dict:
         root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
         writer = TraceWriter(root, "bench", prefix_refs=refs)
         for t, (p, c) in enumerate(session):
-            writer.submit({"trace_id": f"turn-{t:03d}", "gen_ai_conversation_id": "s", "gen_ai_request_model": "m",
-                           "prompt_token_ids": p, "completion_token_ids": c, "http_status": 200})
+            # durable before the next turn, as a client gets its answer only then (and only a
+            # durable turn is a prefix reference)
+            writer.write({"trace_id": f"turn-{t:03d}", "gen_ai_conversation_id": "s", "gen_ai_request_model": "m",
+                          "prompt_token_ids": p, "completion_token_ids": c, "http_status": 200})
         writer.close()
         size = sum(p.stat().st_size for p in root.rglob("*.parquet"))
         result[f"{mode}_bytes_per_turn"] = round(size / turns)

@@ -15,7 +15,7 @@ from serve.ui.web import HERE, LoginNeeded, QueryFailed, Web, login_redirect
 
 
 def install(app: FastAPI, config: GatewayConfig, keys: KeyStore | None, queries: QueryPool) -> None:
-    web = Web(config, Sessions(load_secret(config.ui.secret_file), config.ui.session_ttl_s, keys), queries)
+    web = Web(config, Sessions(load_secret(config.ui.secret_file), config.ui.session_ttl_s, keys, config.admin_key), queries)
     app.include_router(pages.router(web, keys))
     app.include_router(console.router(web))
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")

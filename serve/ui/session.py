@@ -52,8 +52,11 @@ def load_secret(path: str | None) -> bytes:
 
 
 class Sessions:
-    def __init__(self, secret: bytes, ttl_s: float, keys: KeyStore | None):
+    def __init__(self, secret: bytes, ttl_s: float, keys: KeyStore | None, admin_key: str | None = None):
         self.secret, self.ttl_s, self.keys = secret, ttl_s, keys
+        # an admin session names the admin key it was opened with: a new admin key ends it, as
+        # revoking a team key ends that key's sessions
+        self.admin_mark = self._sign(b"admin:" + (admin_key or "").encode())[:16]
 
     def _sign(self, data: bytes) -> str:
         return base64.urlsafe_b64encode(hmac.new(self.secret, data, hashlib.sha256).digest()).decode().rstrip("=")
@@ -61,6 +64,8 @@ class Sessions:
     def issue(self, caller: Caller) -> str:
         payload = {"team": caller.team, "kid": caller.key_id, "admin": caller.admin,
                    "nonce": secrets.token_urlsafe(16), "exp": time.time() + self.ttl_s}
+        if caller.admin:
+            payload["akm"] = self.admin_mark
         body = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
         return f"{body}.{self._sign(body.encode())}"
 
@@ -69,13 +74,16 @@ class Sessions:
         if not token or token.count(".") != 1:
             return None
         body, signature = token.split(".")
-        if not hmac.compare_digest(signature, self._sign(body.encode())):
+        # bytes: compare_digest refuses str with characters beyond ASCII (a 500, once)
+        if not hmac.compare_digest(signature.encode(), self._sign(body.encode()).encode()):
             return None
         try:
             payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         except ValueError:
             return None
         if payload["exp"] < time.time():
+            return None
+        if payload["admin"] and payload.get("akm") != self.admin_mark:
             return None
         if not payload["admin"]:
             record = self.keys.by_id(payload["kid"]) if self.keys else None
@@ -88,4 +96,4 @@ class Sessions:
         return self._sign(b"csrf:" + session.nonce.encode())
 
     def csrf_ok(self, session: UISession, token: str | None) -> bool:
-        return bool(token) and hmac.compare_digest(token, self.csrf(session))
+        return isinstance(token, str) and bool(token) and hmac.compare_digest(token.encode(), self.csrf(session).encode())

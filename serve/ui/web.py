@@ -67,7 +67,7 @@ class Web:
             session=session, csrf=self.sessions.csrf(session) if session else "", **values)
         return HTMLResponse(html, status_code=status, headers={
             # nothing on these pages comes from elsewhere; inline scripts are refused outright
-            "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+            "Content-Security-Policy": "default-src 'self'; script-src 'none'; style-src 'self'; "
                                        "style-src-attr 'unsafe-inline'; "
                                        "img-src 'self' data:; frame-ancestors 'none'",
             "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"})

@@ -36,7 +36,7 @@ def _seed(root, tokenizer) -> dict:
         return t0 + timedelta(seconds=s)
 
     for i in range(6):
-        writer.submit({
+        writer.write({  # durable before the next turn, as the gateway answers a turn only then
             "trace_id": f"tr-red-{i}", "team": "red", "gen_ai_request_model": "tiny", "deployment": "local",
             "checkpoint_version": "base" if i < 3 else "lora-red-1", "gen_ai_conversation_id": "sess-red",
             "gen_ai_operation_name": "chat", "http_status": 200, "finish_reason": "stop",

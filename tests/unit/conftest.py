@@ -35,7 +35,7 @@ def seeded_gateway(tmp_path, **config):
     keys.revoke(revoked_rec.id)
     cfg = GatewayConfig(deployments=[Deployment(name="d", url="http://127.0.0.1:9")],
                         models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-                        traces_dir=str(root), keys_file=str(tmp_path / "keys.json"), admin_key="adm",
-                        **config)
+                        traces_dir=str(root), keys_file=str(tmp_path / "keys.json"),
+                        **{"admin_key": "adm", **config})
     with TestClient(create_app(cfg)) as client:
-        yield client, {"red": red, "blue": blue, "revoked": revoked, "admin": "adm"}
+        yield client, {"red": red, "blue": blue, "revoked": revoked, "admin": cfg.admin_key}
