@@ -8,11 +8,13 @@ happens at query time.
 
 from __future__ import annotations
 
+import json
+
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from serve.errors import invalid_request
+from serve.errors import APIError, invalid_request
 from serve.openapi import json_body
 from traces.feedback import write_feedback
 
@@ -22,8 +24,8 @@ MAX_BATCH = 10_000
 class FeedbackItem(BaseModel):
     trace_id: str = Field(min_length=1)
     name: str = Field("reward", min_length=1, max_length=128, description="which reward this is")
-    reward: float | None = None
-    score: float | None = None
+    reward: float | None = Field(None, allow_inf_nan=False)  # NaN is no reward, and no JSON either
+    score: float | None = Field(None, allow_inf_nan=False)
     label: str | None = Field(None, max_length=1024)
     comment: str | None = Field(None, max_length=65536)
     source: str = "api"
@@ -45,20 +47,26 @@ def save_feedback(traces_dir: str, caller, items: list[FeedbackItem]) -> list[st
                                        for i in items])
 
 
+async def _json_object(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, RecursionError):
+        raise APIError(400, "We could not parse the JSON body of your request.") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.")
+    return body
+
+
 def router(traces_dir: str, authenticate) -> APIRouter:
     api = APIRouter()
 
     @api.post("/v1/feedback", openapi_extra=json_body(FeedbackItem, FeedbackBatch))
     async def post_feedback(request: Request):
         caller = authenticate(request)
-        raw = await request.body()
-        try:
-            try:
-                items = FeedbackBatch.model_validate_json(raw).feedback
-            except ValidationError as batch_error:
-                if b'"feedback"' in raw:
-                    raise batch_error
-                items = [FeedbackItem.model_validate_json(raw)]
+        body = await _json_object(request)
+        try:  # a batch is an object whose key is "feedback"; anything else is one item
+            items = (FeedbackBatch.model_validate(body).feedback if "feedback" in body
+                     else [FeedbackItem.model_validate(body)])
         except ValidationError as exc:
             raise invalid_request(exc.errors()) from None
         ids = await run_in_threadpool(save_feedback, traces_dir, caller, items)

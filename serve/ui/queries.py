@@ -24,6 +24,9 @@ LIST_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_vers
     left(coalesce(response_content, response_tool_calls, ''), 160) AS preview"""
 
 
+MAX_LISTED = 100_000  # the newest matches a page may reach: each page reads the ids of those before it
+
+
 class BadFilter(ValueError):
     """A filter value that cannot be read (a date that is not one, a reward that is no number)."""
 
@@ -95,10 +98,10 @@ class TraceFilters:
 def _moment(name: str, value: str) -> datetime:
     try:
         moment = datetime.fromisoformat(value)
-    except ValueError:
+        # a time without a zone is UTC, as the pages show times; days (partitions) are UTC days
+        return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    except (ValueError, OverflowError):  # not a time, or one that leaves the years 1-9999 in UTC
         raise BadFilter(f"{name} must be a date or time like 2026-12-01T13:00, not {value!r}") from None
-    # a time without a zone is UTC, as the pages show times; days (partitions) are UTC days
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
 def _days(root: str) -> list[date]:
@@ -149,6 +152,9 @@ class Reader:
         Two steps, so a page of a big store reads little: the ids of the newest matching traces,
         asked of the newest days first (a day is a directory of files; sorting the whole store
         would read most of it), then the page's columns for those ids only, in their days."""
+        if (page + 1) * size > MAX_LISTED:
+            raise BadFilter(f"page {page} is past the {MAX_LISTED:,} newest matches a list reaches; "
+                            "narrow it with the filters (since, until, ...)")
         where, params = filters.where()
         need = (page + 1) * size + 1
         found: list[dict] = []

@@ -45,3 +45,16 @@ def test_bad_feedback_gets_a_400_naming_the_field(setup):
         r = post(client, keys["red"], body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["param"] == param
+
+
+def test_an_item_that_mentions_feedback_is_one_item_and_nan_is_no_reward(setup):
+    client, keys = setup
+    red = {"Authorization": f"Bearer {keys['red']}"}
+    r = client.post("/v1/feedback", json={"trace_id": "tr-0", "comment": 'the "feedback" was good'}, headers=red)
+    assert r.status_code == 200 and len(r.json()["data"]) == 1, r.text
+    for bad in (b'{"trace_id": "tr-0", "reward": NaN}', b'{"trace_id": "tr-0", "score": Infinity}',
+                b'{"feedback": [{"trace_id": "tr-0", "reward": -Infinity}]}', b"[1]", b"{", b"[" * 5000):
+        r = client.post("/v1/feedback", content=bad, headers=red)
+        assert r.status_code == 400 and r.json()["error"]["message"], (bad[:40], r.text)
+    r = client.post("/v1/traces/query", json={"sql": "SELECT reward FROM feedback"}, headers=red)
+    assert r.status_code == 200 and r.json()["rows"] == [[None]]

@@ -130,3 +130,12 @@ def test_a_team_sees_only_its_checkpoints_and_not_what_trained_another_teams(tmp
         client.cookies.clear()
         login(client, keys["admin"])
         assert "blue secret" in client.get("/ui/checkpoints").text
+
+
+@pytest.mark.parametrize("query", ["page=1000000000000000000000", "since=9999-12-31T23:59:59-05:00",
+                                   "until=0001-01-01T00:00:00%2B05:00", "since=yesterday"])
+def test_a_huge_page_or_an_out_of_range_time_is_a_400_page(setup, query):
+    client, keys = setup
+    login(client, keys["red"])
+    r = client.get(f"/ui/traces?{query}")
+    assert r.status_code == 400, r.text[:300]
