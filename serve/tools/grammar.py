@@ -15,7 +15,8 @@ EBNF here, once per distinct tool set.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 from typing import Literal
 
 from serve.tools.definitions import ToolRequest
@@ -51,12 +52,35 @@ def structural_tag(req: ToolRequest, layout: Layout = "glm47") -> dict:
     return StructuralTag(format=fmt).model_dump(mode="json")
 
 
-@lru_cache(maxsize=512)
-def _ebnf(tag_json: str) -> str:
-    import xgrammar as xgr
-    return str(xgr.Grammar.from_structural_tag(tag_json))
+class _Grammars:
+    """Compiled grammars by their structural tag, the least recently used dropped past
+    ``max_chars`` in all (a count alone would let 512 grammars of large tool sets take GBs)."""
+
+    def __init__(self, max_chars: int = 64 << 20):
+        self.max_chars, self.chars = max_chars, 0
+        self._lock, self._by_tag = threading.Lock(), OrderedDict()
+
+    def get(self, tag_json: str) -> str:
+        with self._lock:
+            ebnf = self._by_tag.get(tag_json)
+            if ebnf is not None:
+                self._by_tag.move_to_end(tag_json)
+                return ebnf
+        import xgrammar as xgr
+        ebnf = str(xgr.Grammar.from_structural_tag(tag_json))
+        with self._lock:
+            if tag_json not in self._by_tag:
+                self._by_tag[tag_json] = ebnf
+                self.chars += len(tag_json) + len(ebnf)
+            while self.chars > self.max_chars and len(self._by_tag) > 1:
+                old_tag, old = self._by_tag.popitem(last=False)
+                self.chars -= len(old_tag) + len(old)
+        return ebnf
+
+
+GRAMMARS = _Grammars()
 
 
 def grammar_for(req: ToolRequest, layout: Layout = "glm47") -> str:
     """EBNF for ``guided_grammar``; cached per distinct tools / choice / layout."""
-    return _ebnf(json.dumps(structural_tag(req, layout), sort_keys=True))
+    return GRAMMARS.get(json.dumps(structural_tag(req, layout), sort_keys=True))

@@ -25,15 +25,13 @@ def ttft(client: httpx.Client, headers: dict) -> float | None:
         with client.stream("POST", "/v1/chat/completions", json=CHAT, headers=headers, timeout=TIMEOUT_S) as r:
             if r.status_code != 200:
                 return None
-            for line in r.iter_lines():
-                if line.startswith("data: {") and '"content"' in line:
+            first = None
+            for line in r.iter_lines():  # read to the end: the stream must finish too
+                if first is None and line.startswith("data: {") and '"content"' in line:
                     first = time.perf_counter() - t0
-                    for _ in r.iter_lines():
-                        pass
-                    return first
+            return first
     except httpx.HTTPError:
         return None
-    return None
 
 
 def attacks(n_tools: int = 120) -> list[tuple[str, str, dict | bytes]]:

@@ -141,3 +141,13 @@ def test_a_call_left_open_when_the_model_stopped_by_itself_is_still_invalid():
     with pytest.raises(APIError) as err:
         transform_message(req, {"message": {"content": CUT}, "finish_reason": "stop"})
     assert err.value.status == 502 and err.value.code == "invalid_tool_call"
+
+
+def test_compiled_grammars_are_bounded_in_size_not_only_in_count():
+    from serve.tools.grammar import _Grammars, structural_tag
+    cache = _Grammars(max_chars=200_000)
+    for i in range(40):
+        cache.get(json.dumps(structural_tag(parse_tools({"tools": [{"type": "function", "function": {
+            "name": f"f{i}", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]})),
+            sort_keys=True))
+    assert cache.chars <= 200_000 and 0 < len(cache._by_tag) < 40
