@@ -48,14 +48,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     """``path`` holds ``data`` (all of it, or its old contents after a crash), mode 0600."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
-    try:
-        os.fchmod(fd, FILE_MODE)  # an existing temp file keeps its old mode otherwise
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    os.fchmod(fd, FILE_MODE)  # an existing temp file keeps its old mode otherwise
+    _write_all(fd, data)
     os.replace(tmp, path)
     fsync_path(path.parent)
 
@@ -63,13 +57,18 @@ def write_atomic(path: Path, data: bytes) -> None:
 def append_durably(path: Path, data: bytes) -> None:
     """Append ``data`` and fsync; a file this creates is 0600 and its name is fsync'd too."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    created = os.fstat(fd).st_size == 0
+    _write_all(fd, data)
+    if created:
+        fsync_path(path.parent)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write, fsync and close ``fd`` (closed even if a write fails)."""
     try:
-        created = os.fstat(fd).st_size == 0
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)
-    if created:
-        fsync_path(path.parent)

@@ -229,18 +229,17 @@ class BatchRunner:
         return record is None or record.revoked
 
     def _stop_revoked(self, batch: dict) -> None:
-        def change(b: dict) -> bool:
-            if b["status"] != "in_progress":
-                return False
-            b.update(status="cancelling", _revoked=True, cancelling_at=int(time.time()))
-            return True
         log.warning("batch %s: its key %s was revoked; cancelling it", batch["id"], batch.get("_api_key_id"))
-        batch.update(self.store.update(batch["id"], change))
+        self._stop(batch, "_revoked")
 
     def _expire(self, batch: dict) -> None:
+        self._stop(batch, "_expired")
+
+    def _stop(self, batch: dict, why: str) -> None:
+        """An in-progress batch starts cancelling, marked with ``why``."""
         def change(b: dict) -> bool:
             if b["status"] != "in_progress":
                 return False
-            b.update(status="cancelling", _expired=True, cancelling_at=int(time.time()))
+            b.update({"status": "cancelling", why: True, "cancelling_at": int(time.time())})
             return True
         batch.update(self.store.update(batch["id"], change))
