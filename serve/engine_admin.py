@@ -57,12 +57,20 @@ class UnloadLora(BaseModel):
     deployment: str | None = None
 
 
+async def _listed(http: httpx.AsyncClient, dep: Deployment, name: str) -> bool:
+    """Whether the deployment's frontend lists ``name`` among its models (a loaded adapter is)."""
+    try:
+        models = (await http.get(f"{dep.url}/v1/models", timeout=5)).json().get("data", [])
+    except (httpx.HTTPError, ValueError) as exc:
+        raise APIError(502, f"deployment {dep.name!r} did not list its models: {exc}", type="server_error") from None
+    return any(m.get("id") == name for m in models)
+
+
 async def _wait_listed(http: httpx.AsyncClient, dep: Deployment, name: str, present: bool,
                        timeout_s: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        models = (await http.get(f"{dep.url}/v1/models", timeout=5)).json().get("data", [])
-        if any(m.get("id") == name for m in models) == present:
+        if await _listed(http, dep, name) == present:
             return
         if asyncio.get_running_loop().time() > deadline:
             raise APIError(504, f"{name!r} did not {'appear in' if present else 'leave'} {dep.url}/v1/models "
@@ -102,6 +110,9 @@ def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
             raise APIError(409, f"{req.lora_name!r} still serves alias(es) {in_use}; move them first",
                            param="lora_name")
         dep = pick_deployment(config, req.deployment, routes)
+        if not await _listed(request.app.state.http, dep, req.lora_name):
+            raise APIError(404, f"no adapter {req.lora_name!r} is loaded on deployment {dep.name!r}",
+                           type="not_found_error", param="lora_name", code="model_not_found")
         await on_workers(request.app.state.http, dep, "DELETE", f"/v1/loras/{quote(req.lora_name, safe='')}")
         routes.pop(req.lora_name, None)
         return {"status": "success", "lora_name": req.lora_name}

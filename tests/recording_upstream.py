@@ -33,6 +33,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(answer)
 
+    def do_GET(self):  # noqa: N802 - http.server's name; a deployment lists its models
+        answer = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
     def log_message(self, *args):
         pass
 

@@ -24,3 +24,9 @@ def test_session_id_reaches_the_deployment_as_dynamo_session_id(gateway, recordi
     with_session, without = recording_upstream.seen
     assert with_session.headers["x-dynamo-session-id"] == "default/agent-7"  # within its team
     assert "x-dynamo-session-id" not in without.headers
+
+
+def test_unloading_an_adapter_the_deployment_does_not_have_is_a_404(gateway, recording_upstream):  # noqa: F811
+    r = gateway.post("/unload_lora_adapter", json={"lora_name": "never-loaded"}, headers={"Authorization": "Bearer adm"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+    assert recording_upstream.seen == []  # no worker was asked to unload it
