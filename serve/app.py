@@ -7,7 +7,6 @@ deployment choice, failover, capture); see that module for a request's whole way
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -276,29 +275,16 @@ async def _follow_routes(routes: RouteTable, state: SharedState, admission: Admi
 
 
 async def _json_body(request: Request) -> Any:
-    return _parse_json(await request.body())[0]
+    return json_codec.request_object(await request.body())[0]
 
 
 def _validated(raw: bytes, operation: str) -> tuple[dict, bytes | None]:
     """A completion request's body, checked against its model (400s), and its prompt's JSON."""
-    body, prompt_json = _parse_json(raw, PROMPT_KEYS[operation])
+    body, prompt_json = json_codec.request_object(raw, PROMPT_KEYS[operation])
     try:
         REQUEST_MODELS[operation].model_validate(body)
     except ValidationError as exc:
         raise invalid_request(exc.errors()) from None
-    return body, prompt_json
-
-
-def _parse_json(raw: bytes, prompt_key: str = "") -> tuple[dict, bytes | None]:
-    """The body, and its ``prompt_key`` field's JSON text as sent (see ``json_codec.decode_request``)."""
-    try:
-        body, prompt_json = json_codec.decode_request(raw, prompt_key)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"We could not parse the JSON body of your request: {exc}") from None
-    except RecursionError:  # msgspec refuses past 1,000 levels; json's fallback runs out of stack
-        raise APIError(400, "The JSON body of your request nests too deeply.") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.")
     return body, prompt_json
 
 

@@ -8,13 +8,12 @@ happens at query time.
 
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from serve.errors import APIError, invalid_request
+from serve.errors import invalid_request
+from serve.json_codec import request_object
 from serve.openapi import json_body
 from traces.feedback import write_feedback
 
@@ -47,23 +46,13 @@ def save_feedback(traces_dir: str, caller, items: list[FeedbackItem]) -> list[st
                                        for i in items])
 
 
-async def _json_object(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except (ValueError, RecursionError):
-        raise APIError(400, "We could not parse the JSON body of your request.") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.")
-    return body
-
-
 def router(traces_dir: str, authenticate) -> APIRouter:
     api = APIRouter()
 
     @api.post("/v1/feedback", openapi_extra=json_body(FeedbackItem, FeedbackBatch))
     async def post_feedback(request: Request):
         caller = authenticate(request)
-        body = await _json_object(request)
+        body, _ = request_object(await request.body())
         try:  # a batch is an object whose key is "feedback"; anything else is one item
             items = (FeedbackBatch.model_validate(body).feedback if "feedback" in body
                      else [FeedbackItem.model_validate(body)])

@@ -33,7 +33,7 @@ from serve.outcome import Outcome
 from serve.relay import read_unary, relay
 from serve.send import send
 from serve.settle import Settler
-from serve.tools.definitions import Bounds, ToolLimits, is_checked, parse_tools
+from serve.tools.definitions import Bounds, ToolLimits, checked_key, is_checked, parse_tools
 from serve.tools.grammar import grammar_for
 from serve.upstream import Rewrite
 from serve.upstream_pool import UpstreamPool
@@ -132,9 +132,10 @@ class Forwarder:
     async def _tools(self, body: dict):
         """The request's tools, checked: tools already seen on the loop, new ones (~4 ms a
         schema) in a thread, so a request of many new schemas cannot stall other requests."""
-        if is_checked(body, self.bounds, self.tool_limits):
-            return parse_tools(body, self.bounds, self.tool_limits)
-        return await asyncio.to_thread(parse_tools, body, self.bounds, self.tool_limits)
+        key = checked_key(body, self.bounds, self.tool_limits)  # the cheap bounds, once
+        if is_checked(key):
+            return parse_tools(body, self.bounds, self.tool_limits, key)
+        return await asyncio.to_thread(parse_tools, body, self.bounds, self.tool_limits, key)
 
     async def _attempt(self, attempt: Attempt) -> dict | Stream:
         """Send, then relay a stream or read a unary answer; the answer is delivered only once

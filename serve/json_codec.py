@@ -10,6 +10,8 @@ from typing import Any
 
 import msgspec
 
+from serve.errors import APIError
+
 
 def decode(data: bytes) -> Any:
     """One JSON value; raises ``json.JSONDecodeError`` (or ``UnicodeDecodeError``) if invalid."""
@@ -63,3 +65,17 @@ def encode(value: Any) -> bytes:
 def text(value: Any) -> str:
     """:func:`encode`, as a str (a JSON column of a trace row)."""
     return encode(value).decode()
+
+
+def request_object(raw: bytes, prompt_key: str = "") -> tuple[dict, bytes | None]:
+    """A request's JSON object, and its ``prompt_key`` field's JSON text as sent (see
+    :func:`decode_request`); 400s for what is not one, in the OpenAI error shape."""
+    try:
+        body, prompt_json = decode_request(raw, prompt_key)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"We could not parse the JSON body of your request: {exc}") from None
+    except RecursionError:  # msgspec refuses past 1,000 levels; json's fallback runs out of stack
+        raise APIError(400, "The JSON body of your request nests too deeply.") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.")
+    return body, prompt_json

@@ -136,21 +136,27 @@ def _depth(value: Any, stop: int) -> int:
     return deepest
 
 
-def is_checked(body: dict, bounds: Bounds = Bounds(), limits: ToolLimits = ToolLimits()) -> bool:
-    """Whether parsing this request's tools is cheap: none, or a list already checked."""
+def checked_key(body: dict, bounds: Bounds = Bounds(), limits: ToolLimits = ToolLimits()) -> bytes | None:
+    """:func:`tools_key` for these bounds too (the grammar's copy of each schema depends on them)."""
     key = tools_key(body, limits)
-    return key is None or CHECKED.get(key + repr(bounds).encode()) is not None
+    return None if key is None else key + repr(bounds).encode()
 
 
-def parse_tools(body: dict, bounds: Bounds = Bounds(), limits: ToolLimits = ToolLimits()) -> ToolRequest | None:
-    """The request's tools and tool_choice, checked; None when the request has no tools."""
-    key = tools_key(body, limits)
+def is_checked(key: bytes | None) -> bool:
+    """Whether parsing the tools of this :func:`checked_key` is cheap: none, or a list already checked."""
+    return key is None or CHECKED.get(key) is not None
+
+
+def parse_tools(body: dict, bounds: Bounds = Bounds(), limits: ToolLimits = ToolLimits(),
+                key: bytes | None = None) -> ToolRequest | None:
+    """The request's tools and tool_choice, checked; None when the request has no tools.
+    ``key``: its :func:`checked_key`, when the caller has it already."""
+    key = key or checked_key(body, bounds, limits)
     choice_raw = body.get("tool_choice")
     if key is None:
         if choice_raw not in (None, "none", "auto"):
             raise _bad("tool_choice needs tools: this request declares none", "tool_choice")
         return None
-    key += repr(bounds).encode()  # the grammar's copy of each schema depends on them
     tools = CHECKED.get(key)
     if tools is None:
         tools = _checked_tools(body["tools"], bounds)
