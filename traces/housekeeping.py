@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import re
 import shutil
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
@@ -24,6 +23,7 @@ from traces.feedback import FEEDBACK_DIR
 from traces.files import seal
 from traces.schema import SCHEMA_VERSION
 from traces.spool import SEGMENT_GLOB, fsync_path, read_segment
+from traces.writer import converted_name
 
 JOURNAL = "_compaction.json"
 
@@ -77,15 +77,11 @@ def recover(root: Path) -> int:
     return fixed
 
 
-# A trace file is named after the writer instance and spool segment it came from
-# (``traces.writer``); while that segment is still in the spool, its conversion is unfinished
-# and will write the file again, so the file must not be merged away beside it.
-_CONVERTED = re.compile(r"^(?P<instance>.+?)-(?P<key>(?:[0-9a-f]{17}-)?\d{8})\.parquet$")
-
-
-def _converting(root: Path, f: Path) -> bool:
-    m = _CONVERTED.match(f.name)
-    return bool(m) and (root / "_spool" / m["instance"] / f"seg-{m['key']}.spool").exists()
+def _converting(root: Path) -> set[str]:
+    """The names of the trace files whose spool segment is still there: their conversion is
+    unfinished and will write them again, so they must not be merged away beside it."""
+    return {converted_name(spool.name, seg) for spool in (root / "_spool").glob("*")
+            for seg in spool.glob(SEGMENT_GLOB)}
 
 
 def compact(root: str | Path, min_files: int = 2, max_file_bytes: int = 256 << 20) -> dict:
@@ -97,8 +93,9 @@ def compact(root: str | Path, min_files: int = 2, max_file_bytes: int = 256 << 2
     with _exclusive(root):
         recover(root)
         con = duckdb.connect()
+        converting = _converting(root)
         for part in partitions(root):
-            inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes and not _converting(root, f)]
+            inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes and f.name not in converting]
             _compact_part(con, part, inputs, min_files, report, TRACE_ROWS)
         for part in feedback_partitions(root):
             inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes]

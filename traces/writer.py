@@ -55,6 +55,11 @@ def spool_dir(root: Path, instance: str) -> Path:
     return root / "_spool" / instance
 
 
+def converted_name(instance: str, segment: Path) -> str:
+    """The Parquet file a segment becomes in each partition it has rows for."""
+    return f"{instance}-{segment_key(segment)}.parquet"
+
+
 class TraceWriter:
     def __init__(self, root: str | Path, instance: str = "default", max_batch: int = 10_000,
                  max_age_s: float = 1.0, fsync: bool = True, prefix_refs: bool = True):
@@ -162,7 +167,7 @@ class TraceWriter:
                               []).append(r)
         for (date, model), rows in groups.items():
             part = private_dirs(self.root / f"date={date}" / f"model={model}")
-            name = f"{self.instance}-{segment_key(segment)}.parquet"
+            name = converted_name(self.instance, segment)
             tmp = part / f".{name}.tmp"
             pq.write_table(rows_to_table(fields, rows), tmp, compression="zstd")
             seal(tmp, part / name)
