@@ -89,31 +89,33 @@ class FeedbackWriter:
                     self._writing = False
                     return
             try:
-                self._write_file([r for w in batch for r in w.rows])
+                part = self._write_file([r for w in batch for r in w.rows])
             except BaseException as exc:  # each waiter hears it; none was acknowledged
+                part = None
                 for w in batch:
                     w.error = exc
             for w in batch:
                 w.done.set()
-            try:
-                self._compact_if_due()
-            except Exception as exc:  # the rows are safe; compaction is tried on the next write
-                log.warning("could not compact feedback: %s", exc)
+            if part is not None:
+                self._compact_if_due(part)
 
-    def _write_file(self, rows: list[dict]) -> None:
+    def _write_file(self, rows: list[dict]) -> Path:
+        """Write one file of ``rows``; returns the day's folder it is in."""
         now = datetime.now(timezone.utc)
         part = private_dirs(self.root / FEEDBACK_DIR / f"date={now:%Y-%m-%d}")
         name = f"fb-{now:%H%M%S%f}-{uuid.uuid4().hex[:8]}.parquet"
         tmp = part / f".{name}.tmp"
         pq.write_table(pa.Table.from_pylist(rows, schema=FEEDBACK_SCHEMA), tmp, compression="zstd")
         seal(tmp, part / name)
-        self._last_part = part
+        return part
 
-    def _compact_if_due(self) -> None:
-        from traces.housekeeping import compact_feedback, data_files
-        part = getattr(self, "_last_part", None)
-        if part is not None and len(data_files(part)) >= COMPACT_AT:
-            compact_feedback(self.root, [part])
+    def _compact_if_due(self, part: Path) -> None:
+        from traces.housekeeping import compact_feedback, data_files  # it imports this module
+        try:
+            if len(data_files(part)) >= COMPACT_AT:
+                compact_feedback(self.root, [part])
+        except Exception as exc:  # the rows are safe; compaction is tried on the next write
+            log.warning("could not compact feedback: %s", exc)
 
 
 _WRITERS: dict[Path, FeedbackWriter] = {}
