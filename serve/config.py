@@ -151,6 +151,8 @@ class QueryConfig(StrictModel):
     max_spill_mb: int = Field(1024, ge=0, description="the most a query may spill (0: never spill)")
     grace_s: float = Field(2.0, gt=0, description="past the deadline, a worker that has not answered is "
                            "killed after this")
+    niceness: int = Field(10, ge=0, le=19, description="the workers' CPU priority below the gateway's (nice): "
+                          "on a busy host, analytics waits for serving, not serving for analytics")
 
 
 class GatewayConfig(StrictModel):

@@ -47,10 +47,11 @@ class _Worker:
     conn: Connection
 
 
-def serve_jobs(conn: Connection, data_bytes: int, max_result_bytes: int) -> None:
-    """A worker's life (``python -m serve.query_pool FD DATA_BYTES MAX_RESULT_BYTES``): answer
-    jobs until the gateway closes its end of the socket."""
+def serve_jobs(conn: Connection, data_bytes: int, max_result_bytes: int, niceness: int = 0) -> None:
+    """A worker's life (``python -m serve.query_pool FD DATA_BYTES MAX_RESULT_BYTES NICENESS``):
+    answer jobs until the gateway closes its end of the socket."""
     resource.setrlimit(resource.RLIMIT_DATA, (data_bytes, data_bytes))
+    os.nice(niceness)
     while True:
         try:
             fn, args = conn.recv()
@@ -131,7 +132,7 @@ class QueryPool:
         with ours, theirs:
             process = subprocess.Popen(
                 [sys.executable, "-m", "serve.query_pool", str(theirs.fileno()),
-                 str(self.config.memory_mb << 20), str(self.config.max_result_bytes)],
+                 str(self.config.memory_mb << 20), str(self.config.max_result_bytes), str(self.config.niceness)],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
             return _Worker(process, Connection(os.dup(ours.fileno())))
 
@@ -161,5 +162,5 @@ class QueryPool:
 
 if __name__ == "__main__":
     from serve.query_pool import serve_jobs as run  # by its own name: its exceptions must unpickle
-    fd, data_bytes, max_result_bytes = map(int, sys.argv[1:4])
-    run(Connection(fd), data_bytes, max_result_bytes)
+    fd, data_bytes, max_result_bytes, niceness = map(int, sys.argv[1:5])
+    run(Connection(fd), data_bytes, max_result_bytes, niceness)

@@ -136,6 +136,16 @@ def test_a_worker_that_dies_or_runs_out_of_memory_is_a_typed_failure_and_is_repl
         pool.close()
 
 
+def test_workers_run_below_the_gateways_cpu_priority():
+    """On a busy host a heavy query waits for serving, not serving for it."""
+    pool = _pool(niceness=7)
+    try:
+        pid = asyncio.run(pool.run(os.getpid))
+        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0) + 7
+    finally:
+        pool.close()
+
+
 def test_the_query_config_is_typed():
     with pytest.raises(ValueError):
         GatewayConfig(query={"workers": 0})
