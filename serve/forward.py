@@ -13,7 +13,6 @@ durable before the response finishes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, MutableMapping
@@ -33,6 +32,7 @@ from serve.outcome import Outcome
 from serve.relay import read_unary, relay
 from serve.send import send
 from serve.settle import Settler
+from serve.team_turns import TeamTurns
 from serve.tools.definitions import Bounds, ToolLimits, checked_key, is_checked, parse_tools
 from serve.tools.grammar import grammar_for
 from serve.upstream import Rewrite
@@ -60,6 +60,7 @@ class Forwarder:
         self.tool_limits = ToolLimits(config.tools.max_tools, config.tools.max_tools_bytes,
                                       config.tools.max_schema_depth)
         self.pool = UpstreamPool(read_timeout=config.upstream_timeout_s)
+        self.turns = TeamTurns()
 
     async def forward(self, operation: str, body: dict, ctx: RequestContext):
         """Returns the client's view (a dict, or a :class:`Stream`) and the headers to send."""
@@ -70,13 +71,13 @@ class Forwarder:
         check_counts(body, dep.max_model_len)
         worst = worst_case_tokens(body, ctx.prompt_json)  # once: it measures the whole prompt
         if might_overflow(body, dep.max_model_len, worst):
-            await asyncio.to_thread(check_text, body, dep.max_model_len, dep.model_path)
-        tool_req = await self._tools(body) if operation == "chat" else None
+            await self.turns.run(ctx.team, check_text, body, dep.max_model_len, dep.model_path)
+        tool_req = await self._tools(body, ctx.team) if operation == "chat" else None
         if tool_req is not None and body.get("guided_grammar"):
             raise APIError(400, "guided_grammar cannot be combined with tools", param="guided_grammar")
         capture = Capture(ctx)
         # compiling a grammar can take a while for a large schema: not on the event loop
-        grammar = await asyncio.to_thread(grammar_for, tool_req, self.config.tools.layout) if tool_req else None
+        grammar = await self.turns.run(ctx.team, grammar_for, tool_req, self.config.tools.layout) if tool_req else None
         rewrite = Rewrite(body, operation, route.upstream_model, grammar, ctx.prompt_json, ctx.team,
                           admin=ctx.admin)
         headers = {"X-Trace-ID": ctx.trace_id}
@@ -129,13 +130,13 @@ class Forwarder:
         self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
         raise last_error
 
-    async def _tools(self, body: dict):
+    async def _tools(self, body: dict, team: str | None):
         """The request's tools, checked: tools already seen on the loop, new ones (~4 ms a
         schema) in a thread, so a request of many new schemas cannot stall other requests."""
         key = checked_key(body, self.bounds, self.tool_limits)  # the cheap bounds, once
         if is_checked(key):
             return parse_tools(body, self.bounds, self.tool_limits, key)
-        return await asyncio.to_thread(parse_tools, body, self.bounds, self.tool_limits, key)
+        return await self.turns.run(team, parse_tools, body, self.bounds, self.tool_limits, key)
 
     async def _attempt(self, attempt: Attempt) -> dict | Stream:
         """Send, then relay a stream or read a unary answer; the answer is delivered only once

@@ -81,6 +81,13 @@ class _Grammars:
 GRAMMARS = _Grammars()
 
 
+def load_compiler() -> None:
+    """Import xgrammar ahead of the first request with tools. Its import pulls in torch and
+    transformers (~3 s, much of it in C that holds the GIL), which would otherwise stall every
+    stream on the gateway the first time any team sends tools."""
+    import xgrammar  # noqa: F401
+
+
 def grammar_for(req: ToolRequest, layout: Layout = "glm47") -> str:
     """EBNF for ``guided_grammar``; cached per distinct tools / choice / layout."""
     return GRAMMARS.get(json.dumps(structural_tag(req, layout), sort_keys=True))

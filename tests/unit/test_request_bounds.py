@@ -106,3 +106,66 @@ def test_the_event_loop_answers_others_while_a_heavy_request_is_checked(client, 
     finally:
         gate.release.set()
         heavy.join(30)
+
+
+def test_a_large_body_read_in_slices_means_what_one_read_means():
+    """Decoded a message at a time and validated a slice at a time (so no single call holds the
+    GIL long): the same body, the same prompt bytes, the same 400 at the same place."""
+    import json
+
+    from serve.app import _validated
+    from serve.errors import APIError
+
+    many = {**CHAT, "messages": [{"role": "user", "content": f"m{i} é \\ud83d\\ude00"} for i in range(1000)]}
+    raw = json.dumps(many).encode()
+    assert _validated(raw, "chat", True) == _validated(raw, "chat")
+    repeated = raw[:-1] + b', "messages": [{"role": "user", "content": "the last one counts"}]}'
+    assert _validated(repeated, "chat", True) == _validated(repeated, "chat")
+    assert _validated(repeated, "chat", True)[0]["messages"][0]["content"] == "the last one counts"
+    nan = raw[:-1] + b', "x_weight": NaN}'  # msgspec refuses it: the one-call way, json's fallback
+    assert _validated(nan, "chat", True)[0]["messages"] == many["messages"]
+    bad = json.loads(raw)
+    bad["messages"][700]["role"] = "robot"
+    for in_slices in (False, True):
+        with pytest.raises(APIError) as refused:
+            _validated(json.dumps(bad).encode(), "chat", in_slices)
+        assert refused.value.status == 400 and refused.value.param == "messages.700.role"
+
+
+def test_one_teams_heavy_work_takes_turns_and_another_team_does_not_wait():
+    import asyncio
+
+    from serve.team_turns import TeamTurns
+
+    turns, release, order = TeamTurns(), threading.Event(), []
+
+    def heavy(name: str) -> str:
+        order.append(f"{name} started")
+        if name == "red 1":
+            release.wait(20)
+        order.append(f"{name} done")
+        return name
+
+    async def go():
+        first = asyncio.create_task(turns.run("red", heavy, "red 1"))
+        second = asyncio.create_task(turns.run("red", heavy, "red 2"))
+        while "red 1 started" not in order:
+            await asyncio.sleep(0.01)
+        assert await turns.run("blue", heavy, "blue") == "blue"  # while red's first still runs
+        assert "red 2 started" not in order, "red's second heavy request ran beside its first"
+        release.set()
+        return await first, await second
+
+    assert asyncio.run(go()) == ("red 1", "red 2")
+    assert order.index("red 1 done") < order.index("red 2 started")
+
+
+def test_the_map_of_teams_stays_bounded():
+    import asyncio
+
+    from serve.team_turns import TeamTurns
+
+    turns = TeamTurns(max_teams=3)
+    for i in range(10):
+        asyncio.run(turns.run(f"team-{i}", int, "1"))
+    assert len(turns._locks) == 3
