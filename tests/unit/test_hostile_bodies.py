@@ -83,6 +83,8 @@ def test_every_route_answers_hostile_bodies_with_a_4xx_in_its_shape(gateway):
     attack()
     print(f"\nstatuses: {dict(sorted(seen.items()))}; RSS {before:.0f} -> {rss_mb():.0f} MB")
     assert client.get("/health").status_code == 200
-    assert client.post("/v1/traces/query", json={"sql": "SELECT count(*) FROM traces"},
-                       headers={"Authorization": f"Bearer {keys['red']}"}).json()["rows"] == [[4]]
+    after = client.post("/v1/traces/query", json={"sql": "SELECT count(*) FROM traces"},
+                        headers={"Authorization": f"Bearer {keys['red']}"})
+    # the seeded rows are all still there (a hostile body that happened to be a valid request adds one)
+    assert after.status_code == 200 and after.json()["rows"][0][0] >= 4, after.text
     assert rss_mb() - before < 1024, "memory grew past a bound on hostile bodies"
