@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from serve import json_codec
 from serve.batch.lanes import InteractiveSignal
 from serve.config import GatewayConfig, Price
-from serve.errors import APIError
+from serve.errors import APIError, CapacityExceeded
 from serve.ledger import Ledger, Reservation, Want, reserve_together, settle_together
 from serve.shared_state import SharedState
 
@@ -202,11 +202,9 @@ class Admission:
             self._waiting[deployment] -= 1
         raise self._full(deployment, f"no capacity freed within {a.max_queue_wait_s:g} s")
 
-    def _full(self, deployment: str, why: str) -> APIError:
-        err = APIError(429, f"deployment {deployment!r} is at capacity ({why}); retry later",
-                       type="rate_limit_error", code="capacity_exceeded")
-        err.headers = {"Retry-After": str(max(1, math.ceil(self.config.admission.lease_ttl_s / 3)))}
-        return err
+    def _full(self, deployment: str, why: str) -> CapacityExceeded:
+        return CapacityExceeded(f"deployment {deployment!r} is at capacity ({why}); retry later",
+                                retry_after_s=max(1, math.ceil(self.config.admission.lease_ttl_s / 3)))
 
     def renew(self, admitted: Admitted) -> None:
         for res, ledger in ((admitted.lease, self.leases), (admitted.budget, self.budgets),

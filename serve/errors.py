@@ -27,6 +27,15 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
 
 
+class CapacityExceeded(APIError):
+    """429 ``capacity_exceeded``: a deployment had no room in time. Not the request's fault: the
+    forwarder tries the next deployment, and a batch line runs again later."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(429, message, type="rate_limit_error", code="capacity_exceeded")
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
 def model_not_found(model: str) -> APIError:
     return APIError(404, f"The model `{model}` does not exist or you do not have access to it.",
                     param="model", code="model_not_found")

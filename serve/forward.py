@@ -26,7 +26,7 @@ from serve.capture import Capture, RequestContext
 from serve.choose import Chooser
 from serve.config import GatewayConfig, ModelRoute
 from serve.context_limit import check_counts, check_text, might_overflow
-from serve.errors import APIError, model_not_found
+from serve.errors import APIError, CapacityExceeded, model_not_found
 from serve.metrics import Metrics
 from serve.outcome import Outcome
 from serve.relay import read_unary, relay
@@ -91,10 +91,10 @@ class Forwarder:
             try:
                 admitted = await self.admission.admit(dep_name, ctx.team, ctx.alias, body,
                                                       batch=ctx.batch_id is not None, worst=worst)
+            except CapacityExceeded as err:  # full: the next deployment may have room
+                last_error, last_outcome = err, Outcome.REJECTED
+                continue
             except APIError as err:
-                if err.code == "capacity_exceeded":  # full: the next deployment may have room
-                    last_error, last_outcome = err, Outcome.REJECTED
-                    continue
                 self.metrics.rejected(ctx.alias, ctx.team, err.status)
                 self.metrics.outcome("", Outcome.REJECTED.value)
                 await self.settler.durable(capture.record(err.status, err.message, Outcome.REJECTED))
@@ -122,7 +122,7 @@ class Forwarder:
             except BaseException:
                 self.settler.release(attempt, None)
                 raise
-        if ctx.batch_id is not None and last_error.code == "capacity_exceeded":
+        if ctx.batch_id is not None and isinstance(last_error, CapacityExceeded):
             raise last_error  # not an answer: the batch scheduler runs the line again later
         if last_outcome is Outcome.REJECTED:
             self.metrics.outcome("", last_outcome.value)

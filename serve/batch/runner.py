@@ -25,7 +25,7 @@ from serve.batch.lanes import Lanes
 from serve.batch.lines import ENDPOINTS, output_line
 from serve.capture import RequestContext
 from serve.config import GatewayConfig
-from serve.errors import APIError
+from serve.errors import APIError, CapacityExceeded
 from serve.forward import Forwarder
 from serve.keys import KeyStore
 from traces.batch_store import BatchStore, FileStore
@@ -196,10 +196,10 @@ class BatchRunner:
                 data, _ = await self.forwarder.forward(operation, body, ctx)
                 return {"n": n, "ok": True, "usage": data.get("usage"),
                         "line": output_line(line["custom_id"], 200, data, request_id=ctx.trace_id)}
+            except CapacityExceeded:
+                await asyncio.sleep(self.cfg.retry_s)
+                continue
             except APIError as err:
-                if err.code == "capacity_exceeded":
-                    await asyncio.sleep(self.cfg.retry_s)
-                    continue
                 return {"n": n, "ok": False, "line": output_line(
                     line["custom_id"], err.status, err.body(), {"code": err.code or err.type, "message": err.message},
                     request_id=ctx.trace_id)}
