@@ -42,7 +42,7 @@ def up(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
         raise typer.Exit(1)
     gw = cfg.resolved_gateway()
     console.print(f"stack up in {sum(timings.values()):.0f} s: "
-                  f"[bold]http://{gw.host}:{gw.port}/v1[/] (models: {', '.join(gw.models)})")
+                  f"[bold]{gw.url}/v1[/] (models: {', '.join(gw.models)})")
 
 
 @app.command()

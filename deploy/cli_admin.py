@@ -119,8 +119,8 @@ def _swap(cfg: StackConfig):
     from feedback.registry import Registry
 
     gw = cfg.resolved_gateway()
-    registry = Registry(cfg.home_path / "checkpoints.json")
-    return registry, HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, registry,
+    registry = Registry(gw.checkpoints_file)
+    return registry, HotSwap(gw.url, gw.admin_key, registry,
                              cfg.deployment_name, cfg.worker.served_model_name, cfg.model_path)
 
 

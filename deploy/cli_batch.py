@@ -28,7 +28,7 @@ def _client(profile: str, overrides, url: Optional[str], api_key: Optional[str])
     from openai import OpenAI
     if url is None:
         gw = _config(profile, overrides).resolved_gateway()
-        url = f"http://{gw.host}:{gw.port}"
+        url = gw.url
     return OpenAI(base_url=url.rstrip("/") + "/v1", api_key=api_key or "none", max_retries=5)
 
 

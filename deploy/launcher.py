@@ -83,7 +83,7 @@ def gateway_component(cfg: StackConfig, gw: GatewayConfig, name: str = "gateway"
     write_private(gw_path, gw.model_dump_json(indent=2))
     return Component(name=name, argv=[sys.executable, "-m", "serve", "--config", str(gw_path)],
                      env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
-                     health_url=f"http://{gw.host}:{gw.port}/health", ports=[gw.port])
+                     health_url=f"{gw.url}/health", ports=[gw.port])
 
 
 def deployment_components(cfg: StackConfig) -> list[Component]:

@@ -53,16 +53,15 @@ def _wait_rewarded(store, scope: str, env_id: str, n: int, timeout_s: float = 30
     while True:
         store.refresh()
         got = store.sql("SELECT count(*) AS n FROM traces t JOIN rewards r USING (trace_id) "
-                        f"WHERE t.env_id = {_quote(env_id)} AND {scope} AND r.name = 'reward'").column("n")[0].as_py()
+                        f"WHERE t.env_id = $1 AND {scope} AND r.name = 'reward'", params=[env_id]).column("n")[0].as_py()
         if got >= n or time.monotonic() > deadline:
             return got
         time.sleep(0.3)
 
 
 def _tokens(store, scope: str, env_ids: list[str]) -> int:
-    quoted = ", ".join(_quote(e) for e in env_ids)
     row = store.sql("SELECT coalesce(sum(gen_ai_usage_input_tokens + gen_ai_usage_output_tokens), 0) AS n "
-                    f"FROM traces t WHERE env_id IN ({quoted}) AND {scope}")
+                    f"FROM traces t WHERE list_contains($1, env_id) AND {scope}", params=[env_ids])
     return int(row.column("n")[0].as_py())
 
 
@@ -88,14 +87,14 @@ class Loop:
 
         self.cfg, self.state, self.lc, self.key, self.report = cfg, state, state.config, key, report
         gw = cfg.resolved_gateway()
-        self.url = f"http://{gw.host}:{gw.port}"
+        self.url = gw.url
         self.alias = cfg.worker.served_model_name
         self.store = TraceStore(cfg.traces_path)
         owner = KeyStore(gw.keys_file).lookup(key) if gw.keys_file else None
         if owner is None or owner.revoked:
             raise ValueError("the loop's key is not a live team key of this stack")
         self.team, self.scope = owner.team, run_scope(owner.team, owner.id)
-        self.registry = Registry(cfg.home_path / "checkpoints.json")
+        self.registry = Registry(gw.checkpoints_file)
         self.swap = HotSwap(self.url, gw.admin_key, self.registry, cfg.deployment_name, self.alias, cfg.model_path)
 
     def _phase(self, name: str, fn) -> dict:
@@ -242,8 +241,7 @@ class Loop:
 
 
 def _gateway_url(cfg: StackConfig) -> str:
-    gw = cfg.resolved_gateway()
-    return f"http://{gw.host}:{gw.port}"
+    return cfg.resolved_gateway().url
 
 
 def team_key(cfg: StackConfig, team: str = "demo") -> str:

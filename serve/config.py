@@ -199,6 +199,11 @@ class GatewayConfig(StrictModel):
     def instance_name(self) -> str:
         return self.instance or f"gateway-{self.port}"
 
+    @property
+    def url(self) -> str:
+        """Where clients reach this gateway (an IPv6 address in brackets)."""
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
+
     def deployment(self, name: str) -> Deployment:
         for d in self.deployments:
             if d.name == name:

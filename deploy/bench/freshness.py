@@ -73,7 +73,7 @@ def main() -> None:
     answered, seen, stop = {}, {}, threading.Event()
     reader = threading.Thread(target=watch, args=(cfg.traces_path, answered, seen, stop), daemon=True)
     reader.start()
-    errors = asyncio.run(load(f"http://{gw.host}:{gw.port}", args.rate, args.seconds, answered))
+    errors = asyncio.run(load(gw.url, args.rate, args.seconds, answered))
     deadline = time.monotonic() + args.grace
     while len(seen) < len(answered) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -85,7 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = load_config(args.profile, args.overrides)
     gw = cfg.resolved_gateway()
-    gateway = f"http://{gw.host}:{gw.port}"
+    gateway = gw.url
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory(prefix="swap-bench-") as tmp:
         registry = Registry(Path(tmp) / "checkpoints.json")  # the bench's versions stay out of yours

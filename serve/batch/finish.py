@@ -111,6 +111,5 @@ def result_from_trace(row: dict, endpoint: str) -> dict:
 def traced_lines(traces_dir: str, batch_id: str, endpoint: str, lines: list[int]) -> list[dict]:
     """Results for those of ``lines`` that already have a trace row."""
     wanted = {f"tr-{batch_id}-{n}" for n in lines}
-    escaped = batch_id.replace("'", "''")
-    rows = TraceStore(traces_dir).sql(f"SELECT * FROM traces WHERE batch_id = '{escaped}'").to_pylist()
+    rows = TraceStore(traces_dir).sql("SELECT * FROM traces WHERE batch_id = $1", params=[batch_id]).to_pylist()
     return [result_from_trace(r, endpoint) for r in rows if r["trace_id"] in wanted]

@@ -146,3 +146,13 @@ def test_the_supervisor_finds_the_stack_when_the_home_was_given_relative(tmp_pat
     assert seen.run_dir == tmp_path / ".flywheel" / "run"
     assert seen.model_path == tmp_path / "models" / "mine"
     assert seen.resolved_gateway().traces_dir == str(tmp_path / ".flywheel" / "traces")
+
+
+def test_the_gateway_url_is_built_in_one_place_and_brackets_an_ipv6_host():
+    from serve.config import GatewayConfig
+
+    assert GatewayConfig(host="127.0.0.1", port=8000).url == "http://127.0.0.1:8000"
+    assert GatewayConfig(host="::1", port=8000).url == "http://[::1]:8000"
+    cfg = load_config("local", ["home=/tmp/flywheel-url-test", "gateway.port=18123"], environ={})
+    gw = cfg.resolved_gateway()
+    assert gw.url == "http://127.0.0.1:18123" and gw.checkpoints_file.endswith("checkpoints.json")
