@@ -70,13 +70,22 @@ FROM traces GROUP BY ALL
 """
 
 
-_REWARDS_SQL = """
+# Whose feedback counts for a trace: its own team's, or the admin's. One rule for the `rewards`
+# view, the trace browser's reward filter (SQL) and its reward column (rows already read).
+FEEDBACK_VISIBLE_SQL = "(f.team = t.team OR f.team = 'admin' OR (f.team IS NULL AND t.team IS NULL))"
+
+
+def feedback_visible(feedback_team: str | None, trace_team: str | None) -> bool:
+    """:data:`FEEDBACK_VISIBLE_SQL` for one feedback row and its trace's team."""
+    return feedback_team == trace_team or feedback_team == "admin"
+
+
+_REWARDS_SQL = f"""
 SELECT f.trace_id, f.name,
        arg_max(f.reward, f.time_created) AS reward, arg_max(f.score, f.time_created) AS score,
        arg_max(f.label, f.time_created) AS label, arg_max(f.comment, f.time_created) AS comment,
        max(f.time_created) AS time_created
-FROM feedback f JOIN traces t ON f.trace_id = t.trace_id
-    AND (f.team = t.team OR f.team = 'admin' OR (f.team IS NULL AND t.team IS NULL))
+FROM feedback f JOIN traces t ON f.trace_id = t.trace_id AND {FEEDBACK_VISIBLE_SQL}
 GROUP BY f.trace_id, f.name
 """
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from serve.trace_query import QueryLimits, json_rows, scoped_query, scoped_store
-from traces.store import SnapshotGone
+from traces.store import FEEDBACK_VISIBLE_SQL, SnapshotGone, feedback_visible
 
 LIST_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_version,
     gen_ai_conversation_id, env_id, http_status, error, finish_reason, gen_ai_usage_input_tokens,
@@ -85,7 +85,7 @@ class TraceFilters:
             # the `rewards` view's rule (latest feedback, of the trace's team or the admin), joined
             # to the days being searched only ({days}: filled in by the caller) instead of them all
             clauses.append(f"trace_id IN (SELECT f.trace_id FROM feedback f JOIN traces t ON f.trace_id = t.trace_id "
-                           f"AND (f.team = t.team OR f.team = 'admin' OR (f.team IS NULL AND t.team IS NULL)) WHERE f.name = 'reward' AND t.date IN ({{days}}) "
+                           f"AND {FEEDBACK_VISIBLE_SQL} WHERE f.name = 'reward' AND t.date IN ({{days}}) "
                            f"GROUP BY f.trace_id HAVING arg_max(f.reward, f.time_created) BETWEEN {bind(low)} AND {bind(high)})")
         if self.q:  # the text as typed: % and _ match themselves
             pattern = bind("%" + self.q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
@@ -198,7 +198,7 @@ class Reader:
         latest: dict[str, tuple] = {}
         for f in self.rows("SELECT trace_id, team, reward, time_created FROM feedback WHERE name = 'reward' "
                            "AND reward IS NOT NULL AND trace_id IN (SELECT unnest($1))", [list(team_of)]):
-            if f["team"] in (team_of[f["trace_id"]], "admin"):
+            if feedback_visible(f["team"], team_of[f["trace_id"]]):
                 if f["trace_id"] not in latest or f["time_created"] > latest[f["trace_id"]][0]:
                     latest[f["trace_id"]] = (f["time_created"], f["reward"])
         return {t: reward for t, (_, reward) in latest.items()}
