@@ -52,7 +52,7 @@ def manifests(profile: str = typer.Option("gb200-nvl72", "--profile", "-p", help
               check: bool = typer.Option(True, help="validate offline (Kubernetes schemas, the Dynamo "
                                                     "graph schema, Dynamo's and vLLM's own argument parsers)")):
     """Render the Kubernetes manifests (Dynamo operator graph, Mooncake, IMEX domain) for a cluster profile."""
-    from deploy.manifests import render, to_yaml
+    from deploy.cluster.manifests import render, to_yaml
 
     cfg = _config(profile, set_)
     try:
@@ -61,7 +61,7 @@ def manifests(profile: str = typer.Option("gb200-nvl72", "--profile", "-p", help
         console.print(f"[red]cannot render {profile}:[/] {exc}")
         raise typer.Exit(2)
     if check:
-        from deploy.manifest_check import K8S_VERSION, validate
+        from deploy.cluster.manifest_check import K8S_VERSION, validate
         errors = validate(docs)
         for line in errors:
             console.print(f"[red]invalid:[/] {line}")
@@ -157,7 +157,7 @@ def _cell(v) -> str:
 @model_app.command("tiny")
 def model_tiny(out_dir: Path, seed: int = typer.Option(0, help="weights seed")):
     """Make the tiny GLM-style Qwen2 model (tokenizer trained here, random weights)."""
-    from deploy.tiny_model import make_tiny_model
+    from deploy.models.tiny_model import make_tiny_model
 
     path = make_tiny_model(out_dir, seed=seed)
     console.print(f"tiny model written to {path}")

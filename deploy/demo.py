@@ -1,7 +1,7 @@
 """`flywheel demo`: `flywheel loop` on the built-in task, 3 turns by default.
 
 The task is ``envs.vf_wordops``: ``Apply tail to: w1 w2 w3`` wants the last word, and ``tail`` is
-a name the warmed base model never saw (``deploy/warm_model.py`` says what it did see). GRPO on
+a name the warmed base model never saw (``deploy/models/warm_model.py`` says what it did see). GRPO on
 the served rollouts' own tokens and logprobs has to find which of its skills the reward wants;
 the exact-solve rate on held-back tasks is what it reports, the partial credit only shapes.
 """

@@ -190,7 +190,7 @@ def _mocker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
 
 def ensure_model(cfg: StackConfig) -> None:
     if not (cfg.model_path / "config.json").exists():
-        from deploy.tiny_model import make_tiny_model
+        from deploy.models.tiny_model import make_tiny_model
         console.print(f"making the tiny model in {cfg.model_path}")
         make_tiny_model(cfg.model_path, seed=cfg.seed)
 

@@ -199,7 +199,7 @@ class Loop:
 
     def _base(self) -> tuple[Path, str]:
         """The warmed base checkpoint (built once per recipe), registered as a full checkpoint."""
-        from deploy.warm_model import WarmupRecipe, warm_up
+        from deploy.models.warm_model import WarmupRecipe, warm_up
         from feedback.registry import BASE
 
         recipe = WarmupRecipe()

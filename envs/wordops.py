@@ -2,7 +2,7 @@
 
 The operations (copy, reverse, first, last) act on whole words, each one token of the tiny
 model's tokenizer, so a 4-layer model can learn them in a couple of minutes on CPU. The *name*
-is what a task is about: the warm-up (``deploy/warm_model.py``) teaches four names per
+is what a task is about: the warm-up (``deploy/models/warm_model.py``) teaches four names per
 operation and, for a fifth of its examples, a throwaway name with a random operation, so that a
 name the model has never seen makes it try each of its skills. A task whose name it never saw
 (``tail`` = the last word for the demo, ``head`` = the first in the tests) is then something RL

@@ -1,6 +1,6 @@
 import pytest
 
-from deploy.tiny_model import make_tiny_model
+from deploy.models.tiny_model import make_tiny_model
 
 
 @pytest.fixture(scope="session")

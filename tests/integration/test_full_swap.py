@@ -113,7 +113,7 @@ def test_checkpoint_deploy_twice_then_rollback_serves_the_first_again(stack, adm
 def test_weights_unlike_the_old_ones_in_every_tensor_are_served_exactly(stack, admin, tmp_path):
     # The fine-tunes above move the weights a little; a model made from another seed moves every
     # tensor, the tied embedding / LM head included (a reload once left the old head in place).
-    from deploy.tiny_model import make_tiny_model
+    from deploy.models.tiny_model import make_tiny_model
 
     url, headers, swap = admin
     other = make_tiny_model(tmp_path / "other-seed", seed=7)

@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from deploy.config import load_config
-from deploy.manifest_check import validate
-from deploy.manifests import render, to_yaml, total_gpus
+from deploy.cluster.manifest_check import validate
+from deploy.cluster.manifests import render, to_yaml, total_gpus
 
-RENDERED = Path(__file__).parents[2] / "deploy" / "k8s" / "gb200-nvl72.yaml"
+RENDERED = Path(__file__).parents[2] / "deploy" / "cluster" / "k8s" / "gb200-nvl72.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def args_of(svc):
 
 def test_the_profile_renders_valid_manifests_identical_to_the_committed_ones(cfg, docs):
     assert validate(docs) == []
-    assert RENDERED.read_text() == to_yaml(docs, cfg), "run: flywheel manifests --out deploy/k8s/gb200-nvl72.yaml"
+    assert RENDERED.read_text() == to_yaml(docs, cfg), "run: flywheel manifests --out deploy/cluster/k8s/gb200-nvl72.yaml"
     assert list(yaml.safe_load_all(RENDERED.read_text())) == docs
 
 

@@ -4,7 +4,7 @@ import json
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from deploy.tiny_model import make_tiny_model
+from deploy.models.tiny_model import make_tiny_model
 
 SAMPLES = [
     "def f(x):\n    return 12345 + 0.5e-3  # comment",

@@ -1,6 +1,6 @@
 """Tool-call strings are valid UTF-8 text by construction, whatever byte pieces the tokenizer has.
 
-A byte-level BPE vocabulary (ours included, see ``deploy/tiny_model.py``) has a token for every
+A byte-level BPE vocabulary (ours included, see ``deploy/models/tiny_model.py``) has a token for every
 single byte, and real ones also have pieces that stop or start inside a character, so only the
 grammar decides whether an argument's bytes form UTF-8. xgrammar 0.2.7 matches a multi-byte
 character against a negated class (``[^<]``, ``[^\\x00-\\x1f"\\\\]``) by its shape, not its code
@@ -179,7 +179,7 @@ def test_our_tokenizer_is_byte_level_with_a_piece_for_every_byte():
     that are not UTF-8 on their own included (so a grammar that allows them gets them)."""
     from transformers import PreTrainedTokenizerFast
 
-    from deploy.tiny_model import build_tokenizer
+    from deploy.models.tiny_model import build_tokenizer
 
     info = xgr.TokenizerInfo.from_huggingface(PreTrainedTokenizerFast(
         tokenizer_object=build_tokenizer(vocab_size=300, corpus_bytes=20_000), eos_token=EOS))

@@ -3,7 +3,7 @@
 One document set per profile: an IMEX ComputeDomain (multi-node NVLink inside the NVL72 rack), the
 Mooncake store's master (host-DRAM KV tier shared by all workers) and its config, and the Dynamo
 operator's DynamoGraphDeployment: KV-routing frontends, a prefill pool and a decode pool of
-`dynamo.vllm` workers moving KV over NIXL. `deploy.manifest_check` validates the result offline.
+`dynamo.vllm` workers moving KV over NIXL. `deploy.cluster.manifest_check` validates the result offline.
 """
 
 from __future__ import annotations
