@@ -150,7 +150,7 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
         # loopback only: UCX, and the NIXL side channel Dynamo would otherwise bind to the
         # address of the outbound interface
         extra_env |= {"UCX_NET_DEVICES": "lo", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                      "NIXL_PTHR_DELAY_US": str(w.nixl_progress_delay_us)}  # deploy/patches.py
+                      "NIXL_PTHR_DELAY_US": str(w.nixl_progress_delay_us)}  # deploy/engine/patches.py
     if cfg.host_tier.enabled:
         connectors.append({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"})
         extra_env |= host_tier.worker_env(cfg)

