@@ -4,7 +4,7 @@ restart, and a resume finds the run by id or as the last one."""
 import pytest
 from typer.testing import CliRunner
 
-from deploy.cli import app
+from deploy.cli.main import app
 from deploy.loop_state import LoopConfig, LoopState
 
 

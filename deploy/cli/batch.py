@@ -16,7 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from deploy.cli_common import ProfileOpt, SetOpt, _config, console
+from deploy.cli.common import ProfileOpt, SetOpt, _config, console
 
 batch_app = typer.Typer(no_args_is_help=True, help="Batch jobs over the OpenAI Batch API (JSONL files).")
 FINAL = ("completed", "failed", "cancelled", "expired")

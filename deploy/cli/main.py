@@ -10,9 +10,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from deploy.cli_admin import ckpt_app, keys_app, traces_app
-from deploy.cli_batch import batch_app
-from deploy.cli_common import ProfileOpt, SetOpt, _config, console
+from deploy.cli.admin import ckpt_app, keys_app, traces_app
+from deploy.cli.batch import batch_app
+from deploy.cli.common import ProfileOpt, SetOpt, _config, console
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Serve a model, capture every trajectory, train on it, hot-swap it back.")

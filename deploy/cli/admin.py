@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from deploy.cli_common import ProfileOpt, SetOpt, _config, console
+from deploy.cli.common import ProfileOpt, SetOpt, _config, console
 from deploy.config import StackConfig
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys (stored hashed), one team each.")
