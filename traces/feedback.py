@@ -21,9 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.files import private_dirs, seal
+from traces.housekeeping import compact_feedback, data_files
+from traces.schema import FEEDBACK_DIR
 
 log = logging.getLogger(__name__)
-FEEDBACK_DIR = "_feedback"
 FEEDBACK_SCHEMA = pa.schema([
     ("feedback_id", pa.string()),
     ("trace_id", pa.string()),
@@ -110,7 +111,6 @@ class FeedbackWriter:
         return part
 
     def _compact_if_due(self, part: Path) -> None:
-        from traces.housekeeping import compact_feedback, data_files  # it imports this module
         try:
             if len(data_files(part)) >= COMPACT_AT:
                 compact_feedback(self.root, [part])

@@ -19,9 +19,8 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
-from traces.feedback import FEEDBACK_DIR
 from traces.files import seal
-from traces.schema import SCHEMA_VERSION
+from traces.schema import FEEDBACK_DIR, SCHEMA_VERSION
 from traces.spool import SEGMENT_GLOB, fsync_path, read_segment
 from traces.writer import converted_name
 

@@ -84,6 +84,7 @@ TRACE_SCHEMA = pa.schema([
 INPUT_FIELDS = frozenset(TRACE_SCHEMA.names) - {"prompt_prefix_trace_id", "prompt_prefix_len",
                                                 "prompt_new_token_ids"} | {"prompt_token_ids"}
 PARTITION_KEYS = ("date", "model")
+FEEDBACK_DIR = "_feedback"  # beside the trace partitions: feedback rows, partitioned by date
 
 
 def check_record(record: dict) -> dict:
