@@ -8,7 +8,7 @@ the exact-solve rate on held-back tasks is what it reports, the partial credit o
 
 from __future__ import annotations
 
-from deploy.config import StackConfig
+from deploy.stack.config import StackConfig
 from deploy.loop import run_loop
 from deploy.loop_state import LoopConfig
 

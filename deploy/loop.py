@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from deploy.config import StackConfig
+from deploy.stack.config import StackConfig
 from deploy.loop_report import Reporter
 from deploy.loop_state import LoopConfig, LoopState
 
@@ -259,7 +259,7 @@ def team_key(cfg: StackConfig, team: str = "demo") -> str:
 def run_loop(cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None = None,
              keep_up: bool = False, as_json: bool = False) -> dict:
     """Run (or resume) a loop; returns the per-turn record (also in the run's state.json)."""
-    from deploy.launcher import down, status, up
+    from deploy.stack.launcher import down, status, up
 
     from envs.vf_run import flat_alias
 

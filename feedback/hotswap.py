@@ -8,7 +8,7 @@ pointed at when it arrived.
 
 A full checkpoint of a different architecture or size goes blue-green (:meth:`HotSwap.blue_green`):
 a new deployment starts on it beside the serving one, the aliases move across, the old one drains
-and is stopped; :class:`Slots` is the process side (deploy/bluegreen.py).
+and is stopped; :class:`Slots` is the process side (deploy/stack/bluegreen.py).
 
 A full checkpoint of the same shape is reloaded in place (``/update_weights``: the deployment pauses only for the
 reload, its requests are frozen rather than failed) and every alias serving the deployment's base
@@ -175,7 +175,7 @@ class HotSwap:
 
 
 class Slots(Protocol):
-    """The process side of a blue-green deploy (deploy/bluegreen.py)."""
+    """The process side of a blue-green deploy (deploy/stack/bluegreen.py)."""
 
     def start_beside(self, weight_dir: str | None) -> str: ...   # the new deployment's name, serving
     def retire(self, old: str, version: str) -> None: ...      # the new one is the stack's; stop old

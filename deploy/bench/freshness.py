@@ -19,7 +19,7 @@ import time
 import httpx
 
 from deploy.bench import pct
-from deploy.config import load_config
+from deploy.stack.config import load_config
 from traces.store import TraceStore
 
 

@@ -28,9 +28,9 @@ import httpx
 
 from deploy.bench.agentic import plot, public, run
 from deploy.bench.workload import SessionShape, session_plan
-from deploy.config import load_config
-from deploy.launcher import components, down, up
-from deploy.processes import ProcessManager, cpu_seconds, group_pids
+from deploy.stack.config import load_config
+from deploy.stack.launcher import components, down, up
+from deploy.stack.processes import ProcessManager, cpu_seconds, group_pids
 
 SIM_SHAPE = SessionShape(sessions=64)
 SWEEP_SHAPE = SessionShape(sessions=24, turns=4)  # one sweep point per split and concurrency

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 
 from deploy.bench import pct
-from deploy.bluegreen import BlueGreen
-from deploy.config import load_config
+from deploy.stack.bluegreen import BlueGreen
+from deploy.stack.config import load_config
 from feedback.hotswap import HotSwap
 from feedback.registry import BASE, Registry
 from feedback.train import TrainConfig, train_full, train_lora

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from deploy.cli.common import ProfileOpt, SetOpt, _config, console
-from deploy.config import StackConfig
+from deploy.stack.config import StackConfig
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys (stored hashed), one team each.")
 traces_app = typer.Typer(no_args_is_help=True, help="Trace store housekeeping.")
@@ -184,7 +184,7 @@ def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None), strateg
     _, swap = _swap(cfg)
     try:
         if strategy == "blue-green":
-            from deploy.bluegreen import BlueGreen
+            from deploy.stack.bluegreen import BlueGreen
             swap.blue_green(alias or cfg.worker.served_model_name, version, BlueGreen(cfg))
         else:
             swap.deploy(alias or cfg.worker.served_model_name, version)
@@ -206,7 +206,7 @@ def ckpt_rollback(alias: Optional[str] = typer.Option(None), strategy: str = Str
     _, swap = _swap(cfg)
     try:
         if strategy == "blue-green":
-            from deploy.bluegreen import BlueGreen
+            from deploy.stack.bluegreen import BlueGreen
             target = swap.rollback_blue_green(alias or cfg.worker.served_model_name, BlueGreen(cfg))
         else:
             target = swap.rollback(alias or cfg.worker.served_model_name)

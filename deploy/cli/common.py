@@ -7,12 +7,12 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from deploy.config import StackConfig, load_config
+from deploy.stack.config import StackConfig, load_config
 
 console = Console()
 
 ProfileOpt = typer.Option("local", "--profile", "-p", envvar="FLYWHEEL_PROFILE",
-                          help="deploy/profiles/<name>.toml, or a path to a .toml file")
+                          help="deploy/stack/profiles/<name>.toml, or a path to a .toml file")
 SetOpt = typer.Option(None, "--set", help="override a config key: --set gateway.port=8001")
 
 

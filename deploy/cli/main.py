@@ -28,8 +28,8 @@ app.add_typer(batch_app, name="batch")
 def up(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
        dry_run: bool = typer.Option(False, help="print the resolved config and exit")):
     """Start the local stack (Dynamo frontend, vLLM workers, gateway) and wait until healthy."""
-    from deploy.launcher import up as start
-    from deploy.processes import StartError
+    from deploy.stack.launcher import up as start
+    from deploy.stack.processes import StartError
 
     cfg = _config(profile, set_)
     if dry_run:
@@ -80,7 +80,7 @@ def manifests(profile: str = typer.Option("gb200-nvl72", "--profile", "-p", help
 @app.command()
 def down(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
     """Stop exactly the processes `flywheel up` started (by PID file)."""
-    from deploy.launcher import down as stop
+    from deploy.stack.launcher import down as stop
 
     stopped = stop(_config(profile, set_))
     console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
@@ -90,7 +90,7 @@ def down(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
 def status(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
            as_json: bool = typer.Option(False, "--json", help="machine-readable output")):
     """Each component's URL, PID, health, restarts by the supervisor and last exit reason."""
-    from deploy.launcher import status as stack_status
+    from deploy.stack.launcher import status as stack_status
 
     rows = stack_status(_config(profile, set_))
     if as_json:
@@ -197,7 +197,7 @@ def loop(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
          keep_up: bool = typer.Option(False, help="leave a stack this command started running"),
          as_json: bool = typer.Option(False, "--json", help="print the result as one JSON document")):
     """The loop on any verifiers taskset: rollouts -> rewards -> export -> train -> hot-swap -> eval."""
-    from deploy.config import _parse_value
+    from deploy.stack.config import _parse_value
     from deploy.loop import run_loop
     from deploy.loop_state import LoopConfig
     from envs.vf_run import NotEnoughTasks

@@ -12,7 +12,7 @@ import json
 
 import yaml
 
-from deploy.config import ClusterConfig, PoolConfig, StackConfig, mooncake_store_config
+from deploy.stack.config import ClusterConfig, PoolConfig, StackConfig, mooncake_store_config
 
 MOONCAKE_DIR = "/etc/mooncake"
 MOONCAKE_MASTER_PORT = 50051
@@ -154,7 +154,7 @@ def render(cfg: StackConfig) -> list[dict]:
 
 def to_yaml(docs: list[dict], cfg: StackConfig) -> str:
     c = cfg.cluster
-    head = (f"# Rendered by `flywheel manifests -p {cfg.profile}`; edit deploy/profiles/{cfg.profile}.toml, "
+    head = (f"# Rendered by `flywheel manifests -p {cfg.profile}`; edit deploy/stack/profiles/{cfg.profile}.toml, "
             f"not this file.\n# {total_gpus(c)} GPUs: prefill {c.prefill.replicas} x {c.prefill.parallel.upper()}"
             f"{c.prefill.gpus}, decode {c.decode.replicas} x {c.decode.parallel.upper()}{c.decode.gpus} "
             f"(P:D = {c.prefill.replicas}:{c.decode.replicas}).\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from deploy.config import StackConfig
+from deploy.stack.config import StackConfig
 from serve.config import ModelRoute
 from serve.engine_admin import LORA_ROUTE, lora_load_body
 from serve.weights import PAUSE, RESUME, UPDATE

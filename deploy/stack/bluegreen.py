@@ -1,6 +1,6 @@
 """The process side of a blue-green deploy (feedback/hotswap.py moves the aliases between them).
 
-``start_beside`` starts the other slot's deployment (deploy/slots.py) on a checkpoint, beside the
+``start_beside`` starts the other slot's deployment (deploy/stack/slots.py) on a checkpoint, beside the
 serving one, and waits until its frontend lists the model. ``retire`` makes that slot the stack's
 (recorded in ``run/deployment.json``), hands supervision over to it, and stops the old slot's
 processes: the supervisor is stopped first so it does not restart them, then started again on
@@ -9,11 +9,11 @@ the new slot.
 
 from __future__ import annotations
 
-from deploy.config import StackConfig
-from deploy.launcher import console, deployment_components, start_components, supervisor_component
-from deploy.processes import ProcessManager
-from deploy.slots import SlotState, for_slot, write_state
-from deploy.supervisor import stack_lock
+from deploy.stack.config import StackConfig
+from deploy.stack.launcher import console, deployment_components, start_components, supervisor_component
+from deploy.stack.processes import ProcessManager
+from deploy.stack.slots import SlotState, for_slot, write_state
+from deploy.stack.run_state import stack_lock
 
 
 class BlueGreen:

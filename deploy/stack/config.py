@@ -1,6 +1,6 @@
 """The local stack's configuration: a TOML profile, then ``FLYWHEEL_*`` variables, then flags.
 
-Precedence is the usual one: ``deploy/profiles/<name>.toml`` < environment
+Precedence is the usual one: ``deploy/stack/profiles/<name>.toml`` < environment
 (``FLYWHEEL_GATEWAY__PORT=8001``, nested keys joined by ``__``) < ``--set gateway.port=8001``.
 This is the only module that reads the environment for configuration; every process gets its
 resolved part as JSON from the launcher.
@@ -16,7 +16,7 @@ from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError
 
-from deploy.slots import SUFFIXES, SlotState, for_slot, read_state
+from deploy.stack.slots import SUFFIXES, SlotState, for_slot, read_state
 from serve.config import Deployment, GatewayConfig, ModelRoute, StrictModel
 from serve.secret_files import write_private
 
@@ -43,7 +43,7 @@ class FrontendConfig(StrictModel):
 
 class SupervisorConfig(StrictModel):
     """The loop `flywheel up` leaves running: restarts crashed components and workers whose
-    discovery registration lapsed (deploy/supervisor.py)."""
+    discovery registration lapsed (deploy/stack/supervisor.py)."""
     enabled: bool = True
     poll_s: float = Field(1.0, description="how often every component is looked at")
     backoff_initial_s: float = Field(1.0, description="wait before the second restart in a row; doubles")
@@ -152,7 +152,7 @@ class StackConfig(StrictModel):
     supervisor: SupervisorConfig = SupervisorConfig()
     cluster: ClusterConfig = ClusterConfig()
     start_timeout_s: float = 300.0
-    slot: int = Field(0, ge=0, le=1, description="which deployment slot serves (deploy/slots.py; kept "
+    slot: int = Field(0, ge=0, le=1, description="which deployment slot serves (deploy/stack/slots.py; kept "
                                                  "in run/deployment.json by blue-green deploys)")
     serving_model_dir: str | None = Field(None, description="the checkpoint the slot's workers start "
                                                             "on; default model_dir")

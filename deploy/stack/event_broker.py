@@ -6,7 +6,7 @@ address they advertise). With ``DYN_ZMQ_BROKER_URL`` set they connect out to a b
 and listen on nothing, so the stack runs this proxy, bound to 127.0.0.1, and points every
 Dynamo process at it.
 
-    python -m deploy.event_broker XSUB_PORT XPUB_PORT
+    python -m deploy.stack.event_broker XSUB_PORT XPUB_PORT
 """
 
 from __future__ import annotations

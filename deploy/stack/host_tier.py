@@ -6,7 +6,7 @@ metadata server binds 0.0.0.0 whatever ``--http_metadata_server_host`` says, so 
 server runs as its own process (Mooncake's ``mooncake_http_metadata_server``, which honours
 ``--host``). The transfer engine inside each worker binds its handshake daemon and TCP acceptor
 to the any-address with no setting at all, so the workers run with a small ``bind()`` shim
-(deploy/native/loopback_bind.c, compiled into the run dir on first use) that binds loopback.
+(deploy/stack/native/loopback_bind.c, compiled into the run dir on first use) that binds loopback.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deploy.config import StackConfig, mooncake_store_config
-from deploy.processes import Component
+from deploy.stack.config import StackConfig, mooncake_store_config
+from deploy.stack.processes import Component
 
 SHIM_SOURCE = Path(__file__).with_name("native") / "loopback_bind.c"
 

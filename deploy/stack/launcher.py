@@ -3,7 +3,7 @@
 Order: Dynamo frontend (KV router, file discovery) -> dynamo.vllm workers -> gateway. Each step
 waits for health with a progress display; if a process dies, the launcher stops what it started
 and shows that process's log tail. `up` is idempotent (what runs is left alone) and leaves the
-supervisor running (deploy/supervisor.py), which restarts what crashes; `down` stops it first.
+supervisor running (deploy/stack/supervisor.py), which restarts what crashes; `down` stops it first.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from deploy.adapters import reload_adapters
-from deploy import host_tier
-from deploy.config import StackConfig
-from deploy.event_broker import broker_url
-from deploy.processes import Component, ProcessManager, StartError, log_tail
-from deploy.slots import worker_index
-from deploy.supervisor import STATE_FILE, load_state, stack_lock
+from deploy.stack.adapters import reload_adapters
+from deploy.stack import host_tier
+from deploy.stack.config import StackConfig
+from deploy.stack.event_broker import broker_url
+from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
+from deploy.stack.slots import worker_index
+from deploy.stack.run_state import STATE_FILE, load_state, stack_lock
 from serve.config import GatewayConfig
 from serve.secret_files import write_private
 
@@ -87,11 +87,11 @@ def gateway_component(cfg: StackConfig, gw: GatewayConfig, name: str = "gateway"
 
 
 def deployment_components(cfg: StackConfig) -> list[Component]:
-    """One slot's deployment (deploy/slots.py): its event broker, frontend and workers."""
+    """One slot's deployment (deploy/stack/slots.py): its event broker, frontend and workers."""
     py, w, sfx = sys.executable, cfg.worker, cfg.suffix
     env = dynamo_env(cfg)
     comps = [Component(name=f"event-broker{sfx}", ports=list(cfg.event_broker_ports), argv=[
-        py, "-m", "deploy.event_broker", *map(str, cfg.event_broker_ports)])]
+        py, "-m", "deploy.stack.event_broker", *map(str, cfg.event_broker_ports)])]
     comps.append(Component(
         name=f"frontend{sfx}",
         argv=[py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
@@ -198,7 +198,7 @@ def ensure_model(cfg: StackConfig) -> None:
 def supervisor_component(cfg: StackConfig) -> Component:
     path = cfg.run_dir / "stack.json"
     write_private(path, cfg.anchored().model_dump_json(indent=2))
-    return Component(name="supervisor", argv=[sys.executable, "-m", "deploy.supervisor", "--config", str(path)],
+    return Component(name="supervisor", argv=[sys.executable, "-m", "deploy.stack.supervisor", "--config", str(path)],
                      env={"PYTHONUNBUFFERED": "1"})
 
 

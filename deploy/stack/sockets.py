@@ -10,7 +10,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from deploy.processes import group_pids
+from deploy.stack.processes import group_pids
 
 _LISTEN = "0A"
 
@@ -73,7 +73,7 @@ def is_loopback(address: str) -> bool:
 def component_listeners(run_dir: Path, names: list[str]) -> list[tuple[str, str, int]]:
     """``(component, address, port)`` for every TCP socket the named components' process
     groups listen on (what `flywheel up` started, and whatever those processes spawned)."""
-    from deploy.processes import ProcessManager
+    from deploy.stack.processes import ProcessManager
 
     pm, out = ProcessManager(run_dir), []
     for name in names:

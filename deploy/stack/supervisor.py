@@ -10,53 +10,31 @@ Every ``poll_s`` it looks at each component `up` started and restarts, with expo
   request-plane address is a port its worker process group listens on.
 A restarted worker, once registered, loads again the LoRA adapters the alias table names.
 
-It and `flywheel up` serialise on ``stack.lock``, so a restart never races a start. What it did
+It and `flywheel up` serialise on ``stack.lock`` (deploy/stack/run_state.py), so a restart never races a start. What it did
 (restarts, last exit reason) goes to ``supervisor.json`` for `flywheel status`.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
-import json
 import logging
-import os
 import signal
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
 
-from deploy.adapters import reload_adapters
-from deploy.config import StackConfig
-from deploy.processes import Component, ProcessManager, StartError
-from deploy.slots import worker_index
-from deploy.sockets import group_listening_ports
+from deploy.stack.adapters import reload_adapters
+from deploy.stack.config import StackConfig
+from deploy.stack.processes import Component, ProcessManager, StartError
+from deploy.stack.run_state import load_state, save_state, stack_lock
+from deploy.stack.slots import worker_index
+from deploy.stack.sockets import group_listening_ports
 
 log = logging.getLogger("flywheel.supervisor")
-STATE_FILE = "supervisor.json"
-LOCK_FILE = "stack.lock"
-
-
-@contextmanager
-def stack_lock(run_dir: Path, blocking: bool = True):
-    """Held by `up` while it starts components and by the supervisor while it restarts one.
-    Yields False (and holds nothing) when ``blocking`` is off and someone else holds it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / LOCK_FILE, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @dataclass
@@ -185,9 +163,7 @@ class Supervisor:
     def _save(self) -> None:
         state = {name: {k: v for k, v in asdict(w).items() if k in ("restarts", "last_exit", "last_restart")}
                  for name, w in self.watch.items()}
-        tmp = self.cfg.run_dir / f".{STATE_FILE}.tmp"
-        tmp.write_text(json.dumps(state, indent=2))
-        os.replace(tmp, self.cfg.run_dir / STATE_FILE)
+        save_state(self.cfg.run_dir, state)
 
     def run(self, stop: threading.Event) -> None:
         self._save()
@@ -198,14 +174,6 @@ class Supervisor:
                 log.exception("supervisor tick failed")
 
 
-def load_state(run_dir: Path) -> dict:
-    """What the supervisor recorded per component (restarts, last exit reason, last restart)."""
-    try:
-        return json.loads((run_dir / STATE_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description="Flywheel stack supervisor")
     parser.add_argument("--config", required=True, help="resolved StackConfig as JSON")
@@ -213,7 +181,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health look is noise
     cfg = StackConfig.model_validate_json(Path(args.config).read_text())
-    from deploy.launcher import components
+    from deploy.stack.launcher import components
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

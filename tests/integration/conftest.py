@@ -11,8 +11,8 @@ def pytest_collection_modifyitems(config, items):
     the session stack (on 2 cores their start-up can starve it)."""
     items.sort(key=lambda item: item.get_closest_marker("runs_last") is not None)
 
-from deploy.config import load_config
-from deploy.launcher import down, up
+from deploy.stack.config import load_config
+from deploy.stack.launcher import down, up
 
 
 LOCAL_STACK = ["gateway.port=18000", "frontend.port=18100", "worker.system_port_base=18200",
@@ -94,8 +94,8 @@ def base_afterwards(stack):
 
 def exposed_listeners(cfg) -> tuple[set[str], list]:
     """(components that listen, listeners bound beyond loopback) for a running stack."""
-    from deploy.launcher import components
-    from deploy.sockets import component_listeners, is_loopback
+    from deploy.stack.launcher import components
+    from deploy.stack.sockets import component_listeners, is_loopback
 
     listeners = component_listeners(cfg.run_dir, [c.name for c in components(cfg)])
     return {name for name, _, _ in listeners}, [e for e in listeners if not is_loopback(e[1])]

@@ -10,8 +10,8 @@ import time
 import pytest
 from openai import NotFoundError, OpenAI
 
-from deploy.launcher import components
-from deploy.processes import ProcessManager
+from deploy.stack.launcher import components
+from deploy.stack.processes import ProcessManager
 from serve.keys import KeyStore
 from traces.store import TraceStore
 

@@ -8,9 +8,9 @@ import httpx
 import pytest
 import torch
 
-from deploy.config import load_config
-from deploy.processes import ProcessManager
-from deploy.slots import read_state
+from deploy.stack.config import load_config
+from deploy.stack.processes import ProcessManager
+from deploy.stack.slots import read_state
 from feedback.hotswap import HotSwap
 from feedback.registry import BASE, Registry
 from feedback.train import TrainConfig, copy_beside_weights, train_full

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from deploy.config import load_config
-from deploy.launcher import components
-from deploy.processes import Component, ProcessManager
+from deploy.stack.config import load_config
+from deploy.stack.launcher import components
+from deploy.stack.processes import Component, ProcessManager
 from serve.config import Budget, Capacity, Deployment, GatewayConfig, ModelRoute
 from serve.keys import KeyStore
 from tests.conftest import RedisServer
@@ -26,7 +26,7 @@ def _deployment(tmp, name: str, port: int, speedup: float):
                               f"worker.system_port_base={port + 10}", f"worker.speedup_ratio={speedup}"],
                       environ={})
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    from deploy.launcher import ensure_model
+    from deploy.stack.launcher import ensure_model
     ensure_model(cfg)
     pm = ProcessManager(cfg.run_dir)
     for comp in [c for c in components(cfg) if c.name != "gateway"]:

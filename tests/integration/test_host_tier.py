@@ -8,8 +8,8 @@ import re
 import httpx
 import pytest
 
-from deploy.config import load_config
-from deploy.launcher import down, up
+from deploy.stack.config import load_config
+from deploy.stack.launcher import down, up
 from tests.integration.conftest import exposed_listeners
 
 # Runs last (see conftest): one more vLLM worker next to the shared stack, as the P/D test does.

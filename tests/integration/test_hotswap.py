@@ -87,7 +87,7 @@ def test_a_killed_worker_comes_back_by_itself_with_the_weights_and_adapter_its_a
     import os
     import signal
 
-    from deploy.processes import ProcessManager
+    from deploy.stack.processes import ProcessManager
 
     gw = stack.resolved_gateway()
     url = f"http://{gw.host}:{gw.port}"

@@ -7,8 +7,8 @@ import random
 import httpx
 import pytest
 
-from deploy.config import load_config
-from deploy.launcher import down, up
+from deploy.stack.config import load_config
+from deploy.stack.launcher import down, up
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from deploy.config import load_config
-from deploy.launcher import down, up
+from deploy.stack.config import load_config
+from deploy.stack.launcher import down, up
 from tests.integration.conftest import exposed_listeners
 
 # Runs last (see conftest): two more vLLM workers starting on 2 cores can starve the shared

@@ -12,11 +12,11 @@ import time
 import httpx
 import pytest
 
-from deploy.config import load_config
-from deploy.launcher import down, status, up
-from deploy.processes import ProcessManager, group_pids
-from deploy.sockets import group_listening_ports
-from deploy.supervisor import registered_ports
+from deploy.stack.config import load_config
+from deploy.stack.launcher import down, status, up
+from deploy.stack.processes import ProcessManager, group_pids
+from deploy.stack.sockets import group_listening_ports
+from deploy.stack.supervisor import registered_ports
 from tests.integration.conftest import exposed_listeners
 from traces.store import TraceStore
 

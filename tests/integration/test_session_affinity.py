@@ -9,9 +9,9 @@ import pytest
 
 from deploy.bench.agentic import Target, run
 from deploy.bench.workload import SessionShape, session_plan
-from deploy.config import load_config
-from deploy.launcher import down, gateway_component, up
-from deploy.processes import ProcessManager
+from deploy.stack.config import load_config
+from deploy.stack.launcher import down, gateway_component, up
+from deploy.stack.processes import ProcessManager
 
 pytestmark = pytest.mark.integration
 

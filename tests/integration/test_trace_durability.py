@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from deploy.launcher import components
-from deploy.processes import ProcessManager
+from deploy.stack.launcher import components
+from deploy.stack.processes import ProcessManager
 from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from deploy.config import load_config
-from deploy.launcher import components
+from deploy.stack.config import load_config
+from deploy.stack.launcher import components
 
 
 def test_profile_then_environment_then_flags_take_precedence():
@@ -42,7 +42,7 @@ def test_gateway_config_points_the_default_alias_at_the_local_deployment(tmp_pat
 def test_secret_files_are_private_from_their_first_byte(tmp_path, monkeypatch):
     import os
 
-    from deploy.launcher import components
+    from deploy.stack.launcher import components
     from serve.keys import KeyStore
     from serve.secret_files import write_private
 
@@ -127,7 +127,7 @@ def test_an_unknown_config_key_is_an_error_naming_the_closest_valid_key(tmp_path
 
 
 def test_every_profile_loads_with_strict_keys():
-    from deploy.config import PROFILES_DIR
+    from deploy.stack.config import PROFILES_DIR
     for profile in PROFILES_DIR.glob("*.toml"):
         load_config(profile.stem, environ={})
 
@@ -135,8 +135,8 @@ def test_every_profile_loads_with_strict_keys():
 def test_the_supervisor_finds_the_stack_when_the_home_was_given_relative(tmp_path, monkeypatch):
     """It runs in the run dir: a relative home must not be read again from there (it was, and the
     supervisor restarted components it could not see into a nested run dir)."""
-    from deploy.config import StackConfig
-    from deploy.launcher import supervisor_component
+    from deploy.stack.config import StackConfig
+    from deploy.stack.launcher import supervisor_component
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config("local", ["home=.flywheel", "model_dir=models/mine"], environ={})

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.config import load_config
+from deploy.stack.config import load_config
 from deploy.cluster.manifest_check import validate
 from deploy.cluster.manifests import render, to_yaml, total_gpus
 

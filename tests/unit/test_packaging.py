@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deploy.config import load_config
-from deploy.launcher import components
+from deploy.stack.config import load_config
+from deploy.stack.launcher import components
 
 ROOT = Path(__file__).resolve().parents[2]
 

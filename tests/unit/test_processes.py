@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from deploy.processes import Component, ProcessManager, StartError
+from deploy.stack.processes import Component, ProcessManager, StartError
 
 
 def test_a_taken_port_is_reported_before_anything_starts(tmp_path):
@@ -38,7 +38,7 @@ def test_stop_ends_the_whole_process_group_and_only_it(tmp_path):
     time.sleep(0.5)
     assert pm.pid("parent") == pid
     assert pm.stop("parent", timeout=5)
-    from deploy.processes import _group_alive
+    from deploy.stack.processes import _group_alive
     assert not _group_alive(pid)
     assert pm.pid("parent") is None and not pm.stop("parent")
 
@@ -57,7 +57,7 @@ def test_a_starting_component_and_its_children_run_boosted_until_settled(tmp_pat
     quiet = pm.start(Component("watcher", [sys.executable, "-c", "import time; time.sleep(60)"]), boost=False)
     try:
         import time
-        from deploy.processes import START_BOOST_NICE, group_pids
+        from deploy.stack.processes import START_BOOST_NICE, group_pids
         deadline = time.monotonic() + 10
         while len(group_pids(pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -72,8 +72,8 @@ def test_a_starting_component_and_its_children_run_boosted_until_settled(tmp_pat
 
 
 def test_a_start_that_never_gets_healthy_says_what_its_processes_do_and_what_they_logged(tmp_path):
-    from deploy.config import load_config
-    from deploy.launcher import start_components
+    from deploy.stack.config import load_config
+    from deploy.stack.launcher import start_components
 
     cfg = load_config("local", [f"home={tmp_path}", "start_timeout_s=1"], environ={})
     code = "print('loading weights', flush=True); import time; time.sleep(60)"
