@@ -43,9 +43,9 @@ def pad_batch(rows: Sequence[dict], pad_id: int, max_len: int):
     input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     label_ids = torch.full((len(seqs), width), -100, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (s, l) in enumerate(zip(seqs, labels)):
+    for i, (s, lab) in enumerate(zip(seqs, labels)):
         input_ids[i, :len(s)] = torch.tensor(s)
-        label_ids[i, :len(l)] = torch.tensor(l)
+        label_ids[i, :len(lab)] = torch.tensor(lab)
         mask[i, :len(s)] = 1
     return input_ids, mask, label_ids
 

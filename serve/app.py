@@ -81,7 +81,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     async def lifespan(app: FastAPI):
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
         app.state.http = upstream_client(httpx.Timeout(config.upstream_timeout_s, connect=5), limits)
-        follower = asyncio.create_task(_follow_routes(routes, state, admission, config.routes_poll_s)) if config.redis_url else None
+        follower = (asyncio.create_task(_follow_routes(routes, state, admission, config.routes_poll_s))
+                    if config.redis_url else None)
         scheduler = asyncio.create_task(batch_runner.run())
         yield
         scheduler.cancel()

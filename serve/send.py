@@ -1,9 +1,10 @@
 """Sending: the rewritten request to the chosen deployment, up to its response's headers.
 
 A stream's headers come with its first token, so for a stream this waits at most
-``first_token_timeout_s`` after sending (a connection takes at most the pool's connect timeout); a unary response's come only with the whole body, and a first-token
-timeout there would fail over a long request that is running fine and run it twice: unary
-requests fail over on connect errors and 5xx, and are bounded by ``upstream_timeout_s``.
+``first_token_timeout_s`` after sending (a connection takes at most the pool's connect
+timeout); a unary response's come only with the whole body, and a first-token timeout there
+would fail over a long request that is running fine and run it twice: unary requests fail over
+on connect errors and 5xx, and are bounded by ``upstream_timeout_s``.
 """
 
 from __future__ import annotations

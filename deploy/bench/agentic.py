@@ -96,7 +96,8 @@ async def sample_waiting(urls: list[str], samples: list[float], stop: asyncio.Ev
                 pass
 
 
-async def drive(target: Target, model: str, jobs: list[Job], concurrency: int, metrics_urls: list[str]) -> tuple[list[dict], float, list[float]]:
+async def drive(target: Target, model: str, jobs: list[Job], concurrency: int,
+                metrics_urls: list[str]) -> tuple[list[dict], float, list[float]]:
     out: list[dict] = []
     waiting: list[float] = []
     stop = asyncio.Event()

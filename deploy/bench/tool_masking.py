@@ -40,11 +40,19 @@ def offline_mask_cost(model_dir: str, tools: list[dict]) -> dict:
         bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
         logits = torch.randn(1, info.vocab_size)
         for t in ids:
-            t0 = time.perf_counter(); matcher.fill_next_token_bitmask(bitmask); t1 = time.perf_counter()
-            xgr.apply_token_bitmask_inplace(logits, bitmask); t2 = time.perf_counter()
-            assert matcher.accept_token(t); t3 = time.perf_counter()
-            fill.append(t1 - t0); apply.append(t2 - t1); accept.append(t3 - t2)
-    us = lambda xs: round(statistics.median(xs) * 1e6, 1)
+            t0 = time.perf_counter()
+            matcher.fill_next_token_bitmask(bitmask)
+            t1 = time.perf_counter()
+            xgr.apply_token_bitmask_inplace(logits, bitmask)
+            t2 = time.perf_counter()
+            assert matcher.accept_token(t)
+            t3 = time.perf_counter()
+            fill.append(t1 - t0)
+            apply.append(t2 - t1)
+            accept.append(t3 - t2)
+
+    def us(xs: list[float]) -> float:
+        return round(statistics.median(xs) * 1e6, 1)
     return {"vocab": info.vocab_size, "tokens_walked": len(ids), "fill_us": us(fill), "apply_us": us(apply),
             "accept_us": us(accept), "total_us_per_token": round(us(fill) + us(apply) + us(accept), 1)}
 

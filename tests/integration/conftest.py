@@ -5,14 +5,14 @@ import time
 
 import pytest
 
+from deploy.stack.config import load_config
+from deploy.stack.launcher import down, up
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked runs_last start heavy extra stacks: run them after everything that shares
     the session stack (on 2 cores their start-up can starve it)."""
     items.sort(key=lambda item: item.get_closest_marker("runs_last") is not None)
-
-from deploy.stack.config import load_config
-from deploy.stack.launcher import down, up
 
 
 LOCAL_STACK = ["gateway.port=18000", "frontend.port=18100", "worker.system_port_base=18200",

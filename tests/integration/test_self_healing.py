@@ -93,7 +93,7 @@ def worker_registered(cfg, i: int) -> bool:
 
 def test_five_gateway_restarts_lose_nothing_and_store_nothing_twice(healing):
     pm = ProcessManager(healing.run_dir)
-    acked, probes = [], []
+    acked = []
     for restart in range(5):
         for i in range(12):
             code, tid = chat(healing, restart * 100 + i, stream=i % 2 == 0)
@@ -197,7 +197,7 @@ def test_a_full_or_read_only_spool_fails_requests_cleanly_and_the_gateway_recove
                 acked.append(r.headers["x-trace-id"])
                 continue
             if stream:  # headers went out before the trace: the stream ends in an error event
-                last = json.loads([l for l in r.text.splitlines() if l.startswith("data:")][-1][5:])
+                last = json.loads([line for line in r.text.splitlines() if line.startswith("data:")][-1][5:])
                 err = last["error"]
             else:
                 assert r.status_code == 503

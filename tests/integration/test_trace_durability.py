@@ -29,7 +29,7 @@ def _client_loop(url: str, worker: int, stop: threading.Event, done: list, infli
                 if stream:
                     with http.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
                         tid = r.headers.get("x-trace-id")
-                        if r.status_code == 200 and any(l.strip() == "data: [DONE]" for l in r.iter_lines()):
+                        if r.status_code == 200 and any(line.strip() == "data: [DONE]" for line in r.iter_lines()):
                             done.append(tid)
                 else:
                     r = http.post(f"{url}/v1/chat/completions", json=body)

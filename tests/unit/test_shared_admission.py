@@ -200,7 +200,9 @@ def test_a_replica_trusts_closed_briefly_and_hears_open_from_any_outcome(redis_s
     opener = Breakers(a, BreakerConfig(min_requests=2, error_rate=0.5))
     trusting = Breakers(b, BreakerConfig(closed_view_s=60))
     asking = Breakers(b, BreakerConfig(closed_view_s=0))
-    scripts = lambda: redis.Redis.from_url(redis_server.url).info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+    def scripts() -> int:
+        return redis.Redis.from_url(redis_server.url).info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     asking.allow("another")  # the script is loaded into Redis
     before = scripts()
     assert all(trusting.allow("d") for _ in range(20))

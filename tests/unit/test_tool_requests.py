@@ -28,7 +28,8 @@ def chat(**kw):
      None, "tools[0].function.parameters", "not a valid JSON Schema"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"$ref": "http://x/y.json"}}}}}],
      None, "tools[0].function.parameters", "only local references"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}],
+    ([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}],
      None, "tools[0].function.parameters", "points at nothing"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], None,
      "tools[0].function.parameters", "must describe an object"),
