@@ -17,6 +17,7 @@ from typing import Any
 
 from serve.config import ModelRoute
 from serve.json_codec import text
+from traces.schema import TraceRecord
 from serve.outcome import Outcome
 
 
@@ -174,6 +175,8 @@ class Capture:
     # -- the record ---------------------------------------------------------------------------
 
     def record(self, http_status: int, error: str | None = None, outcome: Outcome | None = None) -> dict:
+        """The trace, built as a :class:`TraceRecord` (a misspelt field fails here) and handed
+        to the writer as its fields."""
         c, done = self.ctx, _now()
         body = c.body
         completion_ids = self.completion_ids or self.engine_data.get("completion_token_ids") or []
@@ -183,38 +186,37 @@ class Capture:
             itl = (self._last_token_mono - self._first_token_mono) * 1000 / (n_out - 1)
         usage = self.usage or {}
         prompt = body.get("messages") if c.operation == "chat" else body.get("prompt")
-        return {
-            "trace_id": c.trace_id, "gen_ai_conversation_id": c.session_id,
-            "parent_trace_id": c.parent_trace_id, "team": c.team, "api_key_id": c.api_key_id,
-            "gen_ai_operation_name": c.operation, "gen_ai_request_model": c.alias,
-            "gen_ai_response_model": c.upstream_model, "checkpoint_version": c.checkpoint_version,
-            "deployment": c.deployment, "worker_id": self.worker_id,
-            "gen_ai_response_id": self.response_id, "stream": bool(body.get("stream")),
-            "gen_ai_input_messages": c.prompt_json.decode() if c.prompt_json is not None else text(prompt),
-            "gen_ai_tool_definitions": text(body["tools"]) if body.get("tools") else None,
-            "tool_choice": text(body["tool_choice"]) if body.get("tool_choice") else None,
-            "sampling_params": text(_sampling(body)),
-            "response_content": "".join(self.content) if self.content else None,
-            "response_reasoning": "".join(self.reasoning) if self.reasoning else None,
-            "response_tool_calls": text([self.tool_calls[i] for i in sorted(self.tool_calls)])
+        return TraceRecord(
+            trace_id=c.trace_id, gen_ai_conversation_id=c.session_id,
+            parent_trace_id=c.parent_trace_id, team=c.team, api_key_id=c.api_key_id,
+            gen_ai_operation_name=c.operation, gen_ai_request_model=c.alias,
+            gen_ai_response_model=c.upstream_model, checkpoint_version=c.checkpoint_version,
+            deployment=c.deployment, worker_id=self.worker_id,
+            gen_ai_response_id=self.response_id, stream=bool(body.get("stream")),
+            gen_ai_input_messages=c.prompt_json.decode() if c.prompt_json is not None else text(prompt),
+            gen_ai_tool_definitions=text(body["tools"]) if body.get("tools") else None,
+            tool_choice=text(body["tool_choice"]) if body.get("tool_choice") else None,
+            sampling_params=text(_sampling(body)),
+            response_content="".join(self.content) if self.content else None,
+            response_reasoning="".join(self.reasoning) if self.reasoning else None,
+            response_tool_calls=text([self.tool_calls[i] for i in sorted(self.tool_calls)])
             if self.tool_calls else None,
-            "finish_reason": self.finish_reason,
-            "prompt_token_ids": self.engine_data.get("prompt_token_ids"),
-            "completion_token_ids": completion_ids,
-            "completion_logprobs": self.logprobs or self.engine_data.get("completion_logprobs"),
-            "time_received": c.received, "time_admitted": self.admitted,
-            "time_first_token": self.first_token, "time_done": done,
-            "queue_wait_ms": _ms(c.received, self.admitted),
-            "ttft_ms": _ms(c.received, self.first_token), "mean_itl_ms": itl,
-            "gen_ai_usage_input_tokens": usage.get("prompt_tokens"),
-            "gen_ai_usage_output_tokens": usage.get("completion_tokens"),
-            "gen_ai_usage_cache_read_input_tokens":
-                (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-            "http_status": http_status, "error": error,
-            "outcome": outcome.value if outcome is not None else None,
-            "env_id": c.env_id, "example_id": c.example_id, "rollout_id": c.rollout_id,
-            "batch_id": c.batch_id, "custom_id": c.custom_id,
-        }
+            finish_reason=self.finish_reason,
+            prompt_token_ids=self.engine_data.get("prompt_token_ids"),
+            completion_token_ids=completion_ids,
+            completion_logprobs=self.logprobs or self.engine_data.get("completion_logprobs"),
+            time_received=c.received, time_admitted=self.admitted,
+            time_first_token=self.first_token, time_done=done,
+            queue_wait_ms=_ms(c.received, self.admitted),
+            ttft_ms=_ms(c.received, self.first_token), mean_itl_ms=itl,
+            gen_ai_usage_input_tokens=usage.get("prompt_tokens"),
+            gen_ai_usage_output_tokens=usage.get("completion_tokens"),
+            gen_ai_usage_cache_read_input_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            http_status=http_status, error=error,
+            outcome=outcome.value if outcome is not None else None,
+            env_id=c.env_id, example_id=c.example_id, rollout_id=c.rollout_id,
+            batch_id=c.batch_id, custom_id=c.custom_id,
+        ).as_dict()
 
 
 _SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",

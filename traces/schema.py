@@ -23,7 +23,9 @@ readable; bump ``SCHEMA_VERSION`` whenever a column is added, renamed or changes
 from __future__ import annotations
 
 import struct
+from datetime import datetime
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 
@@ -83,6 +85,59 @@ TRACE_SCHEMA = pa.schema([
 # prompt as `prompt_token_ids` and the writer turns it into a prefix reference.
 INPUT_FIELDS = frozenset(TRACE_SCHEMA.names) - {"prompt_prefix_trace_id", "prompt_prefix_len",
                                                 "prompt_new_token_ids"} | {"prompt_token_ids"}
+
+
+class TraceRecord(msgspec.Struct, kw_only=True):
+    """One trace as a producer hands it over (:data:`INPUT_FIELDS`, less ``schema_version``,
+    which the writer stamps): a field misspelt where a record is built fails there, not as a
+    column that is silently empty. A unit test keeps it equal to :data:`TRACE_SCHEMA`."""
+    trace_id: str
+    gen_ai_conversation_id: str | None = None
+    parent_trace_id: str | None = None
+    team: str | None = None
+    api_key_id: str | None = None
+    gen_ai_operation_name: str | None = None
+    gen_ai_request_model: str | None = None
+    gen_ai_response_model: str | None = None
+    checkpoint_version: str | None = None
+    deployment: str | None = None
+    worker_id: str | None = None
+    gen_ai_response_id: str | None = None
+    stream: bool = False
+    gen_ai_input_messages: str | None = None
+    gen_ai_tool_definitions: str | None = None
+    tool_choice: str | None = None
+    sampling_params: str | None = None
+    response_content: str | None = None
+    response_reasoning: str | None = None
+    response_tool_calls: str | None = None
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    time_received: datetime | None = None
+    time_admitted: datetime | None = None
+    time_first_token: datetime | None = None
+    time_done: datetime | None = None
+    queue_wait_ms: float | None = None
+    ttft_ms: float | None = None
+    mean_itl_ms: float | None = None
+    gen_ai_usage_input_tokens: int | None = None
+    gen_ai_usage_output_tokens: int | None = None
+    gen_ai_usage_cache_read_input_tokens: int | None = None
+    http_status: int | None = None
+    error: str | None = None
+    outcome: str | None = None
+    env_id: str | None = None
+    example_id: str | None = None
+    rollout_id: str | None = None
+    batch_id: str | None = None
+    custom_id: str | None = None
+
+    def as_dict(self) -> dict:
+        return msgspec.structs.asdict(self)
+
+
 PARTITION_KEYS = ("date", "model")
 FEEDBACK_DIR = "_feedback"  # beside the trace partitions: feedback rows, partitioned by date
 
