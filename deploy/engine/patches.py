@@ -38,16 +38,11 @@ NIXL_DELAY = ("        agent_config.pthrDelay = 0\n",
               "'100000'))  # flywheel: a fallback wake-up, not a busy poll\n")
 NIXL_DELAY_BEFORE = "        agent_config.pthrDelay = 100000  # flywheel: 100 ms fallback, not a busy poll\n"
 
-# vLLM's in-place reload (``reload_weights``, behind ``/update_weights``) loads layer by layer.
-# A tied LM head (``tie_word_embeddings``: the tiny model's) has no tensor of its own in the
-# checkpoint, so the reload puts its *old* tensors back ("ParallelLMHead: Failed to load
-# weights"), and on CPU its GEMM was prepacked from them too: the engine then samples from the
-# new body through the old embedding. Measured on the warmed tiny model: the served greedy
-# tokens were 3.4-5.6 nats below the new weights' argmax. After the reload the head is tied to
-# the embedding just loaded and its GEMM is packed again.
-RETIE_HEAD = ("""def finalize_layerwise_reload(*args, **kwargs):
-    finalize_layerwise_processing(*args, **kwargs)
-""", """def finalize_layerwise_reload(*args, **kwargs):
+# The LM-head re-tie after an in-place reload was a patch here; it is a vLLM general plugin now
+# (deploy/engine/vllm_plugin.py). A vLLM this patched is put back, so that the plugin alone does
+# it. The patches left have no plugin point: an import at module load in Dynamo, a line inside a
+# vLLM runner method, and a constant in NIXL's agent config.
+RETIE_HEAD_PATCHED = ("""def finalize_layerwise_reload(*args, **kwargs):
     finalize_layerwise_processing(*args, **kwargs)
     # flywheel: re-tie a tied LM head to the embedding just loaded, then repack its GEMM
     model = args[0] if args else kwargs["model"]
@@ -57,6 +52,8 @@ RETIE_HEAD = ("""def finalize_layerwise_reload(*args, **kwargs):
     if tied and head is not None and embed is not None and hasattr(head, "quant_method"):
         head.quant_method.tie_weights(head, embed)
         head.quant_method.process_weights_after_loading(head)
+""", """def finalize_layerwise_reload(*args, **kwargs):
+    finalize_layerwise_processing(*args, **kwargs)
 """)
 
 
@@ -83,10 +80,22 @@ def patch(module: str, old: str, new: str, earlier: tuple[str, ...] = ()) -> str
     return f"done {module}"
 
 
+def undo(module: str, patched: str, original: str) -> str:
+    """Put back what an earlier fix here wrote into ``module``'s file."""
+    path = _module_file(module)
+    if path is None or not path.exists():
+        return f"skip {module}: not installed"
+    text = path.read_text()
+    if patched not in text:
+        return f"ok   {module}: not patched"
+    path.write_text(text.replace(patched, original))
+    return f"undone {module}"
+
+
 def main() -> int:
     print(patch("dynamo.vllm.multimodal_utils.models.qwen", *QWEN_IMPORT))
     print(patch("vllm.v1.worker.gpu_model_runner", *SEEDED_DISCARD))
-    print(patch("vllm.model_executor.model_loader.reload.layerwise", *RETIE_HEAD))
+    print(undo("vllm.model_executor.model_loader.reload.layerwise", *RETIE_HEAD_PATCHED))
     for variant in ("nixl_cu12", "nixl_cu13"):
         print(patch(f"{variant}._api", *NIXL_DELAY, earlier=(NIXL_DELAY_BEFORE,)))
     return 0
