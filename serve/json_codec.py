@@ -50,16 +50,23 @@ _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 
 
+def _objects(raw: msgspec.Raw) -> bool:
+    """Whether this JSON text is a list whose first item is an object (chat messages)."""
+    head = memoryview(raw)[:64].tobytes()
+    return head[:1] == b"[" and head[1:].lstrip(b" \t\r\n")[:1] == b"{"
+
+
 def decode_request_in_slices(data: bytes, prompt_key: str) -> tuple[Any, bytes | None]:
     """:func:`decode_request` for a large body (call it in a thread), in many short calls: a
     list-valued prompt is decoded an item at a time. One msgspec call holds the GIL from start to
     end (80 ms for a 20 MB body of 20,000 messages here), and a thread that holds it stalls every
     stream on the event loop; between items the loop gets its turn. A body msgspec refuses goes
-    the one-call way, for json's fallback and its error messages."""
+    the one-call way, for json's fallback and its error messages. A list of numbers (token ids) is
+    one call still: a call per number would cost 3.5x the time (1M ids: 248 ms against 72 ms)."""
     try:
         fields = _FIELDS.decode(data)  # a scan: each field's JSON text, no objects
         body = {key: [msgspec.json.decode(item) for item in _ITEMS.decode(raw)]
-                if key == prompt_key and memoryview(raw)[:1] == b"[" else msgspec.json.decode(raw)
+                if key == prompt_key and _objects(raw) else msgspec.json.decode(raw)
                 for key, raw in fields.items()}
     except msgspec.DecodeError:
         return decode_request(data, prompt_key)

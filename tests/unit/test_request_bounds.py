@@ -122,6 +122,8 @@ def test_a_large_body_read_in_slices_means_what_one_read_means():
     repeated = raw[:-1] + b', "messages": [{"role": "user", "content": "the last one counts"}]}'
     assert _validated(repeated, "chat", True) == _validated(repeated, "chat")
     assert _validated(repeated, "chat", True)[0]["messages"][0]["content"] == "the last one counts"
+    ids = json.dumps({"model": "tiny", "prompt": list(range(5000))}).encode()  # numbers: one call
+    assert _validated(ids, "text_completion", True) == _validated(ids, "text_completion")
     nan = raw[:-1] + b', "x_weight": NaN}'  # msgspec refuses it: the one-call way, json's fallback
     assert _validated(nan, "chat", True)[0]["messages"] == many["messages"]
     bad = json.loads(raw)
