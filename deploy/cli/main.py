@@ -13,6 +13,7 @@ from rich.table import Table
 from deploy.cli.admin import ckpt_app, keys_app, traces_app
 from deploy.cli.batch import batch_app
 from deploy.cli.common import ProfileOpt, SetOpt, _config, console
+from deploy.cli.loop import demo, loop
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Serve a model, capture every trajectory, train on it, hot-swap it back.")
@@ -22,6 +23,8 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(traces_app, name="traces")
 app.add_typer(ckpt_app, name="checkpoint")
 app.add_typer(batch_app, name="batch")
+app.command()(demo)
+app.command()(loop)
 
 
 @app.command()
@@ -161,64 +164,6 @@ def model_tiny(out_dir: Path, seed: int = typer.Option(0, help="weights seed")):
 
     path = make_tiny_model(out_dir, seed=seed)
     console.print(f"tiny model written to {path}")
-
-
-@app.command()
-def demo(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
-         turns: int = typer.Option(3, help="turns of the loop to run"),
-         seed: int = typer.Option(0, help="sampling and training seed"),
-         keep_up: bool = typer.Option(False, help="leave the stack running afterwards"),
-         full: bool = typer.Option(False, "--full", help="rejection sampling that fine-tunes every "
-                                                         "weight and reloads them in place")):
-    """`flywheel loop` on the built-in task: the exact-solve rate per turn, printed and plotted."""
-    from deploy.demo import run_demo
-
-    result = run_demo(_config(profile, set_), keep_up=keep_up, turns=turns, seed=seed, full=full)
-    sys.exit(0 if result["ok"] else 1)
-
-
-@app.command()
-def loop(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
-         env: str = typer.Option("envs.vf_wordops", help="verifiers taskset: MODULE or MODULE:Taskset "
-                                                          "(importable from PYTHONPATH)"),
-         env_arg: Optional[list[str]] = typer.Option(None, "--env-arg", help="taskset config KEY=VALUE"),
-         turns: int = typer.Option(3, help="turns of the loop"),
-         algo: str = typer.Option("grpo", help="grpo (policy gradient on the engine's logprobs) "
-                                               "or rs (rejection sampling: SFT on exact solves)"),
-         train_tasks: int = typer.Option(32, help="tasks rolled out each turn (the first ones)"),
-         eval_tasks: int = typer.Option(64, help="tasks after those, held back for the greedy eval"),
-         samples: int = typer.Option(8, help="rollouts per task (the GRPO group)"),
-         max_tokens: int = typer.Option(8, help="max tokens per model turn"),
-         steps: int = typer.Option(40, help="optimiser steps per turn"),
-         solve_at: float = typer.Option(1.0, help="reward that counts as an exact solve"),
-         seed: int = typer.Option(0),
-         resume: Optional[str] = typer.Option(None, help="a run id (or 'last') to resume from its "
-                                                        "last completed phase"),
-         keep_up: bool = typer.Option(False, help="leave a stack this command started running"),
-         as_json: bool = typer.Option(False, "--json", help="print the result as one JSON document")):
-    """The loop on any verifiers taskset: rollouts -> rewards -> export -> train -> hot-swap -> eval."""
-    from deploy.stack.config import _parse_value
-    from deploy.loop import run_loop
-    from deploy.loop_state import LoopConfig
-    from envs.vf_run import NotEnoughTasks
-
-    if algo not in ("rs", "grpo"):
-        raise typer.BadParameter("choose rs or grpo", param_hint="--algo")
-    args = {}
-    for item in env_arg or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--env-arg")
-        args[key] = _parse_value(value)
-    lc = None if resume else LoopConfig(env=env, env_args=args, turns=turns, algo=algo, train_tasks=train_tasks,
-                                        eval_tasks=eval_tasks, samples=samples, max_tokens=max_tokens,
-                                        steps=steps, solve_at=solve_at, seed=seed)
-    try:
-        result = run_loop(_config(profile, set_), lc, resume=resume, keep_up=keep_up, as_json=as_json)
-    except (FileNotFoundError, ImportError, NotEnoughTasks) as exc:  # say so, no traceback
-        console.print(f"[red]error:[/] {exc}")
-        sys.exit(2)
-    sys.exit(0 if result["improved"] else 1)
 
 
 @app.command("export")

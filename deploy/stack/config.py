@@ -17,6 +17,7 @@ from typing import Literal, get_args, get_origin
 from pydantic import BaseModel, Field, ValidationError
 
 from deploy.stack.slots import SUFFIXES, SlotState, for_slot, read_state
+from loop.config import LoopConfig
 from serve.config import Deployment, GatewayConfig, ModelRoute, StrictModel
 from serve.secret_files import write_private
 
@@ -151,6 +152,7 @@ class StackConfig(StrictModel):
     host_tier: HostTierConfig = HostTierConfig()
     supervisor: SupervisorConfig = SupervisorConfig()
     cluster: ClusterConfig = ClusterConfig()
+    loop: LoopConfig = LoopConfig()
     start_timeout_s: float = 300.0
     slot: int = Field(0, ge=0, le=1, description="which deployment slot serves (deploy/stack/slots.py; kept "
                                                  "in run/deployment.json by blue-green deploys)")

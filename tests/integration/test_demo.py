@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.demo import run_demo
+from deploy.cli.loop import run_demo
 from feedback.registry import Registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("base_afterwards")]

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy.loop import Loop, run_loop
-from deploy.loop_state import LoopConfig, LoopState
+from deploy.cli.loop import run_loop
+from loop.config import LoopConfig
+from loop.phases import Loop
+from loop.state import LoopState
 from tests.integration.conftest import LOCAL_STACK
 from traces.store import TraceStore
 

@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("serve", "traces", "feedback", "envs", "kernels", "deploy")
+PRODUCT = ("serve", "traces", "feedback", "envs", "kernels", "loop", "deploy")
 
 
 def _module(path: Path) -> str:
@@ -69,8 +69,10 @@ def breaches(source: str, forbidden: tuple[str, ...], allowed: tuple[str, ...] =
 def test_each_room_imports_only_what_it_may():
     ours = tuple(f"{room}" for room in PRODUCT)
     found = (breaches("kernels", ours, ("kernels",))
-             + breaches("traces", ("serve", "feedback", "envs"))
-             + breaches("serve", ("feedback.train", "feedback.grpo", "envs", "deploy"))
+             + breaches("traces", ("serve", "feedback", "envs", "loop"))
+             + breaches("serve", ("feedback.train", "feedback.grpo", "envs", "loop", "deploy"))
+             + breaches("feedback", ("loop", "deploy"))
+             + breaches("loop", ("serve", "deploy"), ("deploy.models",))
              + breaches("envs", ours, ("envs",))
              + breaches("deploy.engine", ours)
              + breaches("deploy.stack", ("deploy.cli",)))
@@ -82,3 +84,4 @@ def test_the_graph_sees_the_imports_it_checks():
     assert "deploy.stack.run_state" in GRAPH["deploy.stack.launcher"]
     assert "deploy.stack.launcher" in GRAPH["deploy.stack.supervisor"]  # inside main()
     assert "serve.errors" in GRAPH["serve.app"]
+    assert "loop.algorithms" in GRAPH["loop.phases"] and "feedback.grpo" in GRAPH["loop.algorithms"]

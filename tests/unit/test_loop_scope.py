@@ -3,7 +3,9 @@ guessable env id cannot put its traces or rewards into the checkpoint."""
 
 import pytest
 
-from deploy.loop import run_scope, training_sql
+from loop.algorithms import ALGORITHMS
+from loop.config import LoopConfig
+from loop.scope import run_scope
 from traces.feedback import write_feedback
 from traces.store import TraceStore
 from traces.writer import TraceWriter
@@ -29,10 +31,10 @@ def store(tmp_path):
 
 @pytest.mark.parametrize("algo", ["grpo", "rs"])
 def test_training_data_is_the_loops_team_and_key_only(store, algo):
-    _, sql = training_sql(algo, run_scope("red", "key-red"), ENV, "run-1", 1.0)
+    sql = ALGORITHMS[algo](LoopConfig(algo=algo)).training_sql(run_scope("red", "key-red"), ENV, "run-1")
     assert sorted(store.sql(sql).column("trace_id").to_pylist()) == ["ours-0", "ours-1"]
 
 
 def test_an_env_id_with_a_quote_cannot_widen_the_query(store):
-    _, sql = training_sql("grpo", run_scope("red", "key-red"), "x' OR '1'='1", "run-1", 1.0)
+    sql = ALGORITHMS["grpo"](LoopConfig()).training_sql(run_scope("red", "key-red"), "x' OR '1'='1", "run-1")
     assert store.sql(sql).num_rows == 0

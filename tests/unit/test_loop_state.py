@@ -5,7 +5,8 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.cli.main import app
-from deploy.loop_state import LoopConfig, LoopState
+from loop.config import LoopConfig
+from loop.state import LoopState
 
 
 def test_a_run_keeps_its_config_and_completed_phases_across_reopening(tmp_path):

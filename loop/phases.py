@@ -1,14 +1,15 @@
-"""`flywheel loop`: the feedback loop on any verifiers taskset, turn after turn, resumable.
+"""The loop's phases on any verifiers taskset, turn after turn, resumable.
 
 Per turn: rollouts of the taskset's first ``train_tasks`` tasks through the gateway (rewards from
 the environment's own reward functions, posted to ``/v1/feedback``) -> an export by SQL (``rl``
 rows with the engine's logprobs for GRPO, or ``sft`` rows of exact solves for rejection
-sampling) -> training a LoRA on the warmed base -> register (lineage: dataset manifest, parent,
+sampling; ``loop.algorithms``) -> training on the warmed base -> register (lineage: dataset manifest, parent,
 env, turn) -> hot-swap -> a greedy eval on the ``eval_tasks`` held back after them.
 
 Every phase's result is written to ``<home>/loops/<run>/state.json`` when it completes; the
 checkpoints, datasets and rewards are durable already, so ``--resume RUN`` carries on from the
 last completed phase (a phase cut short runs again, its partial rollouts under another env id).
+The loop is handed a ``LoopTarget``; starting the stack is the CLI's business.
 """
 
 from __future__ import annotations
@@ -17,34 +18,13 @@ import json
 import time
 from pathlib import Path
 
-from deploy.stack.config import StackConfig
-from deploy.loop_report import Reporter
-from deploy.loop_state import LoopConfig, LoopState
+from loop.algorithms import NothingToLearn, algorithm_for
+from loop.report import Reporter
+from loop.scope import run_scope
+from loop.state import LoopState
+from loop.target import LoopTarget
 
 PHASES = ("rollouts", "export", "train", "deploy", "eval")
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def run_scope(team: str, key_id: str | None) -> str:
-    """The loop's rows only: ``env_id`` is a client header anyone can send with a guessed run
-    id, so what trains the checkpoint is also the team and the key that ran the loop (another
-    team's traces and rewards once entered the demo's training data this way)."""
-    key = f"t.api_key_id = {_quote(key_id)}" if key_id else "t.api_key_id IS NULL"
-    return f"t.team = {_quote(team)} AND {key}"
-
-
-def training_sql(algo: str, scope: str, env_id: str, run_id: str, solve_at: float) -> tuple[str, str]:
-    """(export kind, SQL) for one turn's training data: this turn's groups for GRPO, the first
-    exact solve per task among the run's rollouts for rejection sampling."""
-    base = ("SELECT t.*, r.reward FROM traces t JOIN rewards r USING (trace_id) "
-            f"WHERE r.name = 'reward' AND t.http_status = 200 AND {scope} AND ")
-    if algo == "grpo":  # this turn's groups, as sampled by the policy being updated
-        return "rl", base + f"t.env_id = {_quote(env_id)}"
-    return "sft", (base + f"t.env_id LIKE {_quote(run_id + '-t%')} AND r.reward >= {float(solve_at)} "
-                   "QUALIFY row_number() OVER (PARTITION BY t.example_id ORDER BY t.trace_id) = 1")
 
 
 def _wait_rewarded(store, scope: str, env_id: str, n: int, timeout_s: float = 30.0) -> int:
@@ -72,30 +52,26 @@ def _summary(results, solve_at: float) -> dict:
 
 
 class Loop:
-    def __init__(self, cfg: StackConfig, state: LoopState, key: str, report: Reporter):
+    def __init__(self, target: LoopTarget, state: LoopState, report: Reporter):
         import datasets
         import transformers
 
         from feedback.hotswap import HotSwap
         from feedback.registry import Registry
-        from serve.keys import KeyStore
         from traces.store import TraceStore
 
         datasets.disable_progress_bars()
         transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
 
-        self.cfg, self.state, self.lc, self.key, self.report = cfg, state, state.config, key, report
-        gw = cfg.resolved_gateway()
-        self.url = gw.url
-        self.alias = cfg.worker.served_model_name
-        self.store = TraceStore(cfg.traces_path)
-        owner = KeyStore(gw.keys_file).lookup(key) if gw.keys_file else None
-        if owner is None or owner.revoked:
-            raise ValueError("the loop's key is not a live team key of this stack")
-        self.team, self.scope = owner.team, run_scope(owner.team, owner.id)
-        self.registry = Registry(gw.checkpoints_file)
-        self.swap = HotSwap(self.url, gw.admin_key, self.registry, cfg.deployment_name, self.alias, cfg.model_path)
+        self.target, self.state, self.lc, self.report = target, state, state.config, report
+        self.algo = algorithm_for(self.lc)
+        self.url, self.key, self.alias, self.home = target.gateway_url, target.key, target.alias, target.home
+        self.store = TraceStore(target.traces)
+        self.team, self.scope = target.team, run_scope(target.team, target.key_id)
+        self.registry = Registry(target.registry)
+        self.swap = HotSwap(self.url, target.admin_key, self.registry, target.deployment, self.alias,
+                            target.base_model)
 
     def _phase(self, name: str, fn) -> dict:
         """Run ``fn`` unless the state already has its result; record the result with its time."""
@@ -139,9 +115,8 @@ class Loop:
     def _export(self, turn: int, rollouts: dict) -> dict:
         from feedback.export import export
 
-        lc = self.lc
-        out = self.cfg.home_path / "datasets" / f"{self.state.run_id}-t{turn}"
-        kind, sql = training_sql(lc.algo, self.scope, rollouts["env_id"], self.state.run_id, lc.solve_at)
+        out = self.home / "datasets" / f"{self.state.run_id}-t{turn}"
+        kind, sql = self.algo.export_kind, self.algo.training_sql(self.scope, rollouts["env_id"], self.state.run_id)
         try:
             return export(self.store, kind, out, sql)
         except ValueError as exc:  # nothing solved yet: this turn trains nothing
@@ -150,33 +125,18 @@ class Loop:
     def _train(self, turn: int, parent: str, warm: Path, manifest: dict) -> dict:
         import datasets
 
-        from feedback.grpo import GRPOConfig, train_grpo
-        from feedback.train import TrainConfig, train_full, train_lora
-
-        lc = self.lc
-        version = f"{lc.algo}-{self.state.run_id}-t{turn}"
-        ckpt = self.cfg.home_path / "checkpoints" / version
+        version = f"{self.lc.algo}-{self.state.run_id}-t{turn}"
+        ckpt = self.home / "checkpoints" / version
         if not manifest["rows"]:
             return self._unchanged(parent, manifest["note"])
-        rows = list(datasets.load_from_disk(str(self.cfg.home_path / "datasets" / f"{self.state.run_id}-t{turn}")))
+        rows = list(datasets.load_from_disk(str(self.home / "datasets" / f"{self.state.run_id}-t{turn}")))
         init = self.registry.get(parent).path if parent != self.state.data["base_version"] else None
-        seed = lc.seed * 1000 + turn
-        if lc.algo == "grpo":
-            try:
-                metrics = train_grpo(warm, rows, ckpt, GRPOConfig(steps=lc.steps, seed=seed), init_adapter=init)
-            except ValueError as exc:  # every group scored alike: no gradient this turn
-                return self._unchanged(parent, str(exc))
-        else:
-            losses: list[float] = []
-            if lc.full:
-                train_full(init or warm, rows, ckpt, TrainConfig(steps=lc.steps, lr=3e-4, seed=seed),
-                           progress=lambda s, loss: losses.append(loss))
-            else:
-                train_lora(warm, rows, ckpt, TrainConfig(steps=lc.steps, seed=seed),
-                           progress=lambda s, loss: losses.append(loss), init_adapter=init)
-            metrics = {"algo": "rs", "rows": len(rows), "loss_first": losses[0], "loss_last": losses[-1]}
+        try:
+            metrics = self.algo.train(warm, rows, ckpt, self.lc.seed * 1000 + turn, init)
+        except NothingToLearn as exc:
+            return self._unchanged(parent, str(exc))
         return {"version": version, "path": str(ckpt), "metrics": metrics,
-                "kind": "full" if lc.full else "lora", "dataset": manifest}
+                "kind": self.algo.checkpoint_kind, "dataset": manifest}
 
     def _unchanged(self, parent: str, why: str) -> dict:
         self.report.console.print(f"[yellow]nothing to train on this turn ({why}); {parent} stays[/]")
@@ -203,12 +163,12 @@ class Loop:
         from feedback.registry import BASE
 
         recipe = WarmupRecipe()
-        warm = self.cfg.home_path / "models" / f"tiny-warm-{recipe.key()[:8]}"
+        warm = self.home / "models" / f"tiny-warm-{recipe.key()[:8]}"
         with self.report.phase("base: the tiny model's warm-up (once per recipe)"):
-            warm_up(self.cfg.model_path, warm, recipe, progress=self.report.progress("warm-up"))
+            warm_up(self.target.base_model, warm, recipe, progress=self.report.progress("warm-up"))
         version = f"warm-{recipe.key()[:8]}"
         if version not in {c.version for c in self.registry.list()}:
-            self.registry.register(version, "full", warm, str(self.cfg.model_path), parent=BASE,
+            self.registry.register(version, "full", warm, str(self.target.base_model), parent=BASE,
                                    metrics=json.loads((warm / "warmup.json").read_text()))
         return warm, version
 
@@ -238,55 +198,3 @@ class Loop:
                           "train": trained["metrics"], "seconds": seconds})
             self.report.turn(turns[-1])
         return turns
-
-
-def _gateway_url(cfg: StackConfig) -> str:
-    return cfg.resolved_gateway().url
-
-
-def team_key(cfg: StackConfig, team: str = "demo") -> str:
-    """A key for ``team``, created once per home, so the loop's traces are attributed."""
-    from serve.keys import KeyStore
-    from serve.secret_files import write_private
-
-    path = cfg.run_dir / f"{team}.key"
-    if not path.exists():
-        _, key = KeyStore(cfg.resolved_gateway().keys_file).create(team, f"flywheel {team}")
-        write_private(path, key)
-    return path.read_text().strip()
-
-
-def run_loop(cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None = None,
-             keep_up: bool = False, as_json: bool = False) -> dict:
-    """Run (or resume) a loop; returns the per-turn record (also in the run's state.json)."""
-    from deploy.stack.launcher import down, status, up
-
-    from envs.vf_run import flat_alias
-
-    state = LoopState.open(cfg.home_path, resume, lc) if resume else None
-    flat_alias((state.config if state else lc).env)  # a taskset that does not import fails here, first
-    report = Reporter(quiet=as_json)
-    t0 = time.monotonic()
-    started_here = False
-    with report.phase("stack"):
-        if not all(r["healthy"] for r in status(cfg)):
-            up(cfg)
-            started_here = True
-    try:
-        state = state or LoopState.open(cfg.home_path, None, lc)
-        turns = Loop(cfg, state, team_key(cfg), report).run()
-        plot = cfg.home_path / f"loop-{state.run_id}.png"
-        report.plot(turns, plot, state.config)
-        result = {"run_id": state.run_id, "env": state.config.env, "algo": state.config.algo,
-                  "turns": turns, "plot": str(plot), "wall_s": round(time.monotonic() - t0, 1),
-                  "improved": turns[-1]["eval"]["exact_solve"] > turns[0]["eval"]["exact_solve"]
-                  or turns[-1]["eval"]["reward_mean"] > turns[0]["eval"]["reward_mean"],
-                  "ui": {"url": f"{_gateway_url(cfg)}/ui/checkpoints", "key_file": str(cfg.run_dir / "demo.key"),
-                         "stack_stays_up": keep_up or not started_here}}
-        state.data["result"] = result
-        state.save()
-        report.final(result)
-        return result
-    finally:
-        if started_here and not keep_up:
-            down(cfg)

@@ -1,31 +1,15 @@
-"""What `flywheel loop` is asked to do (``LoopConfig``) and what it has done (``LoopState``):
-the run's config and each completed phase's result in ``<home>/loops/<run>/state.json``,
-written atomically after every phase, which is what ``--resume`` reads."""
+"""What a loop run has done: its config and each completed phase's result in
+``<home>/loops/<run>/state.json``, written atomically after every phase, which is what
+``--resume`` reads."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
 
-
-@dataclass
-class LoopConfig:
-    env: str = "envs.vf_wordops"          # MODULE or MODULE:Taskset, importable from PYTHONPATH
-    env_args: dict = field(default_factory=dict)  # the taskset's config fields
-    turns: int = 3
-    algo: Literal["rs", "grpo"] = "grpo"
-    train_tasks: int = 32                  # tasks rolled out each turn
-    eval_tasks: int = 64                   # the tasks after them, held back for the greedy eval
-    samples: int = 8                       # rollouts per task (the GRPO group)
-    max_tokens: int = 8
-    steps: int = 40                        # optimiser steps per turn
-    solve_at: float = 1.0                  # an exact solve: reward at least this (the max)
-    seed: int = 0
-    full: bool = False                     # rs only: fine-tune every weight, reload in place
+from loop.config import LoopConfig
 
 
 class LoopState:
@@ -39,7 +23,7 @@ class LoopState:
         root = home / "loops"
         if run_id is None:  # a new run
             run_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-s{lc.seed}"
-            state = cls(root / run_id / "state.json", {"run_id": run_id, "config": asdict(lc), "phases": {}})
+            state = cls(root / run_id / "state.json", {"run_id": run_id, "config": lc.model_dump(), "phases": {}})
             state.save()
             return state
         if run_id == "last":
@@ -58,7 +42,7 @@ class LoopState:
 
     @property
     def config(self) -> LoopConfig:
-        return LoopConfig(**self.data["config"])
+        return LoopConfig.model_validate(self.data["config"])
 
     def done(self, phase: str) -> dict | None:
         return self.data["phases"].get(phase)

@@ -1,0 +1,31 @@
+"""What a loop run is asked to do: the ``[loop]`` table of the stack's typed configuration.
+
+Set like every other key: in a profile's ``[loop]`` table, as ``FLYWHEEL_LOOP__TURNS=5``, or as
+``--set loop.turns=5``; ``flywheel loop``'s flags are shorthands for the same keys.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LoopConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field("envs.vf_wordops", description="verifiers taskset: MODULE or MODULE:Taskset, "
+                                                    "importable from PYTHONPATH")
+    env_args: dict = Field(default_factory=dict, description="the taskset's config fields")
+    turns: int = Field(3, ge=0)
+    algo: Literal["grpo", "rs"] = Field("grpo", description="a key of loop.algorithms.ALGORITHMS: grpo "
+                                                            "(policy gradient on the engine's logprobs) or rs "
+                                                            "(rejection sampling: SFT on exact solves)")
+    train_tasks: int = Field(32, ge=1, description="tasks rolled out each turn (the first ones)")
+    eval_tasks: int = Field(64, ge=1, description="the tasks after them, held back for the greedy eval")
+    samples: int = Field(8, ge=1, description="rollouts per task (the GRPO group)")
+    max_tokens: int = Field(8, ge=1, description="max tokens per model turn")
+    steps: int = Field(40, ge=1, description="optimiser steps per turn")
+    solve_at: float = Field(1.0, description="an exact solve: reward at least this (the max)")
+    seed: int = 0
+    full: bool = Field(False, description="rs only: fine-tune every weight, reload in place")
