@@ -9,17 +9,16 @@ deployment's frontend lists it, and only then makes ``lora_name`` a model client
 from __future__ import annotations
 
 import asyncio
-from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Callable
 from urllib.parse import quote
 
 import httpx
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field, field_validator
 
-from serve.config import Deployment, GatewayConfig, ModelRoute
+from serve.config import Deployment, ModelRoute
 from serve.errors import APIError
+from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
 from serve.workers import on_workers, parse_body, pick_deployment
 
@@ -78,43 +77,41 @@ async def _wait_listed(http: httpx.AsyncClient, dep: Deployment, name: str, pres
         await asyncio.sleep(0.1)
 
 
-def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
-           require_admin: Callable[[Request], None]) -> APIRouter:
-    api = APIRouter()
+router = APIRouter()
 
-    @api.post("/load_lora_adapter", openapi_extra=json_body(LoadLora))
-    @api.post("/v1/load_lora_adapter", openapi_extra=json_body(LoadLora))
-    async def load_lora(request: Request):
-        require_admin(request)
-        req = await parse_body(request, LoadLora)
-        if not Path(req.lora_path).is_dir():
-            raise APIError(400, f"lora_path {req.lora_path!r} is not a directory on the serving host",
-                           param="lora_path")
-        dep = pick_deployment(config, req.deployment, routes)
-        http = request.app.state.http
-        path = str(Path(req.lora_path).resolve())
-        await on_workers(http, dep, "POST", LORA_ROUTE, lora_load_body(req.lora_name, path))
-        await _wait_listed(http, dep, req.lora_name, present=True)
-        routes[req.lora_name] = ModelRoute(deployment=dep.name, upstream_model=req.lora_name,
-                                           checkpoint_version=req.checkpoint_version or req.lora_name,
-                                           lora_path=path)
-        return {"status": "success", "lora_name": req.lora_name, "workers": len(dep.admin_urls)}
 
-    @api.post("/unload_lora_adapter", openapi_extra=json_body(UnloadLora))
-    @api.post("/v1/unload_lora_adapter", openapi_extra=json_body(UnloadLora))
-    async def unload_lora(request: Request):
-        require_admin(request)
-        req = await parse_body(request, UnloadLora)
-        in_use = sorted(a for a, r in routes.items() if r.upstream_model == req.lora_name and a != req.lora_name)
-        if in_use:
-            raise APIError(409, f"{req.lora_name!r} still serves alias(es) {in_use}; move them first",
-                           param="lora_name")
-        dep = pick_deployment(config, req.deployment, routes)
-        if not await _listed(request.app.state.http, dep, req.lora_name):
-            raise APIError(404, f"no adapter {req.lora_name!r} is loaded on deployment {dep.name!r}",
-                           type="not_found_error", param="lora_name", code="model_not_found")
-        await on_workers(request.app.state.http, dep, "DELETE", f"/v1/loras/{quote(req.lora_name, safe='')}")
-        routes.pop(req.lora_name, None)
-        return {"status": "success", "lora_name": req.lora_name}
+@router.post("/load_lora_adapter", openapi_extra=json_body(LoadLora))
+@router.post("/v1/load_lora_adapter", openapi_extra=json_body(LoadLora))
+async def load_lora(request: Request, gw: GatewayParts = Depends(parts)):
+    gw.require_admin(request)
+    req = await parse_body(request, LoadLora)
+    if not Path(req.lora_path).is_dir():
+        raise APIError(400, f"lora_path {req.lora_path!r} is not a directory on the serving host",
+                       param="lora_path")
+    dep = pick_deployment(gw.config, req.deployment, gw.routes)
+    http = request.app.state.http
+    path = str(Path(req.lora_path).resolve())
+    await on_workers(http, dep, "POST", LORA_ROUTE, lora_load_body(req.lora_name, path))
+    await _wait_listed(http, dep, req.lora_name, present=True)
+    gw.routes[req.lora_name] = ModelRoute(deployment=dep.name, upstream_model=req.lora_name,
+                                          checkpoint_version=req.checkpoint_version or req.lora_name,
+                                          lora_path=path)
+    return {"status": "success", "lora_name": req.lora_name, "workers": len(dep.admin_urls)}
 
-    return api
+
+@router.post("/unload_lora_adapter", openapi_extra=json_body(UnloadLora))
+@router.post("/v1/unload_lora_adapter", openapi_extra=json_body(UnloadLora))
+async def unload_lora(request: Request, gw: GatewayParts = Depends(parts)):
+    gw.require_admin(request)
+    req = await parse_body(request, UnloadLora)
+    in_use = sorted(a for a, r in gw.routes.items() if r.upstream_model == req.lora_name and a != req.lora_name)
+    if in_use:
+        raise APIError(409, f"{req.lora_name!r} still serves alias(es) {in_use}; move them first",
+                       param="lora_name")
+    dep = pick_deployment(gw.config, req.deployment, gw.routes)
+    if not await _listed(request.app.state.http, dep, req.lora_name):
+        raise APIError(404, f"no adapter {req.lora_name!r} is loaded on deployment {dep.name!r}",
+                       type="not_found_error", param="lora_name", code="model_not_found")
+    await on_workers(request.app.state.http, dep, "DELETE", f"/v1/loras/{quote(req.lora_name, safe='')}")
+    gw.routes.pop(req.lora_name, None)
+    return {"status": "success", "lora_name": req.lora_name}

@@ -8,11 +8,12 @@ happens at query time.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from serve.errors import invalid_request
+from serve.gateway_parts import GatewayParts, parts
 from serve.json_codec import request_object
 from serve.openapi import json_body
 from traces.feedback import write_feedback
@@ -46,20 +47,18 @@ def save_feedback(traces_dir: str, caller, items: list[FeedbackItem]) -> list[st
                                        for i in items])
 
 
-def router(traces_dir: str, authenticate) -> APIRouter:
-    api = APIRouter()
+router = APIRouter()
 
-    @api.post("/v1/feedback", openapi_extra=json_body(FeedbackItem, FeedbackBatch))
-    async def post_feedback(request: Request):
-        caller = authenticate(request)
-        body, _ = request_object(await request.body())
-        try:  # a batch is an object whose key is "feedback"; anything else is one item
-            items = (FeedbackBatch.model_validate(body).feedback if "feedback" in body
-                     else [FeedbackItem.model_validate(body)])
-        except ValidationError as exc:
-            raise invalid_request(exc.errors()) from None
-        ids = await run_in_threadpool(save_feedback, traces_dir, caller, items)
-        return {"object": "list", "data": [{"id": fid, "trace_id": i.trace_id}
-                                           for fid, i in zip(ids, items)]}
 
-    return api
+@router.post("/v1/feedback", openapi_extra=json_body(FeedbackItem, FeedbackBatch))
+async def post_feedback(request: Request, gw: GatewayParts = Depends(parts)):
+    caller = gw.caller(request)
+    body, _ = request_object(await request.body())
+    try:  # a batch is an object whose key is "feedback"; anything else is one item
+        items = (FeedbackBatch.model_validate(body).feedback if "feedback" in body
+                 else [FeedbackItem.model_validate(body)])
+    except ValidationError as exc:
+        raise invalid_request(exc.errors()) from None
+    ids = await run_in_threadpool(save_feedback, gw.config.traces_dir, caller, items)
+    return {"object": "list", "data": [{"id": fid, "trace_id": i.trace_id}
+                                       for fid, i in zip(ids, items)]}

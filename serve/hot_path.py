@@ -19,17 +19,17 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-
 from fastapi import FastAPI
 
 from serve import json_codec
+from serve.api.completions import COMPLETIONS
 from serve.body_limit import too_large
 from serve.cross_site import CrossSite
 from serve.errors import APIError
 
 log = logging.getLogger(__name__)
 
-ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}
+ROUTES = {path: operation for path, (operation, *_) in COMPLETIONS.items()}
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 

@@ -19,14 +19,15 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from serve.config import GatewayConfig
 from serve.errors import APIError
+from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
-from serve.query_pool import QueryDeadline, QueryPool, QueryTooLarge, QueryWorkerLost
+from serve.query_pool import QueryDeadline, QueryTooLarge, QueryWorkerLost
 from traces.guard import QueryRefused
 from traces.store import SnapshotGone, TraceStore
 
@@ -163,28 +164,26 @@ def query_failure(exc: Exception, timeout_s: float) -> APIError | None:
     return None
 
 
-def router(config: GatewayConfig, pool: QueryPool, authenticate) -> APIRouter:
-    api = APIRouter()
-    limits = QueryLimits.of(config)
+router = APIRouter()
 
-    @api.post("/v1/traces/query", openapi_extra=json_body(QueryRequest))
-    async def query(request: Request):
-        caller = authenticate(request)
-        if caller.anonymous:
-            raise APIError(401, "querying traces needs a team or admin API key",
-                           code="invalid_api_key")
-        try:
-            req = QueryRequest.model_validate_json(await request.body())
-        except ValueError as exc:
-            raise APIError(400, f"expected {{\"sql\": \"SELECT ...\"}}: {exc}", param="sql") from None
-        try:
-            body = await pool.run(answer, config.traces_dir, None if caller.admin else caller.team,
-                                  req.sql, req.max_rows, limits)
-        except Exception as exc:
-            failure = query_failure(exc, config.query_timeout_s)
-            if failure is None:
-                raise
-            raise failure from None
-        return Response(body, media_type="application/json")
 
-    return api
+@router.post("/v1/traces/query", openapi_extra=json_body(QueryRequest))
+async def query(request: Request, gw: GatewayParts = Depends(parts)):
+    caller = gw.caller(request)
+    if caller.anonymous:
+        raise APIError(401, "querying traces needs a team or admin API key",
+                       code="invalid_api_key")
+    try:
+        req = QueryRequest.model_validate_json(await request.body())
+    except ValueError as exc:
+        raise APIError(400, f"expected {{\"sql\": \"SELECT ...\"}}: {exc}", param="sql") from None
+    try:
+        config = gw.config
+        body = await gw.queries.run(answer, config.traces_dir, None if caller.admin else caller.team,
+                                    req.sql, req.max_rows, QueryLimits.of(config))
+    except Exception as exc:
+        failure = query_failure(exc, gw.config.query_timeout_s)
+        if failure is None:
+            raise
+        raise failure from None
+    return Response(body, media_type="application/json")

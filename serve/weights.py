@@ -18,14 +18,14 @@ import asyncio
 import json
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Callable
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from serve.config import Deployment, GatewayConfig, ModelRoute
 from serve.errors import APIError
+from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
 from serve.workers import WorkerResult, call_workers, on_workers, parse_body, pick_deployment
 
@@ -124,61 +124,70 @@ class FullWeights:
                 self.routes[alias] = r.model_copy(update={"weight_dir": weight_dir})
 
 
-def router(config: GatewayConfig, routes: MutableMapping[str, ModelRoute],
-           require_admin: Callable[[Request], None]) -> APIRouter:
-    api = APIRouter()
-    weights = FullWeights(config, routes)
+def full_weights(request: Request) -> FullWeights:
+    """The FastAPI dependency: the app's one ``FullWeights`` (it remembers which deployments a
+    client paused, so a reload does not resume them)."""
+    return request.app.state.full_weights
 
-    @api.post("/pause")
-    async def pause(request: Request, mode: str = "keep", clear_cache: bool = False,
-                    deployment: str | None = None):
-        """Freeze (``keep``), drain (``wait``) or abort (``abort``) one deployment's requests."""
-        require_admin(request)
-        if mode not in ("keep", "wait", "abort"):
-            raise APIError(400, f"mode must be keep, wait or abort, not {mode!r}", param="mode")
-        dep = pick_deployment(config, deployment, routes)
-        await on_workers(request.app.state.http, dep, "POST", PAUSE, {"mode": mode, "clear_cache": clear_cache})
-        weights.paused_by_client.add(dep.name)
-        return {"status": "success", "paused": dep.name, "mode": mode}
 
-    @api.post("/resume")
-    async def resume(request: Request, deployment: str | None = None):
-        """Idempotent: resuming a running deployment is a no-op."""
-        require_admin(request)
-        dep = pick_deployment(config, deployment, routes)
-        await on_workers(request.app.state.http, dep, "POST", RESUME, {})
-        weights.paused_by_client.discard(dep.name)
-        return {"status": "success", "resumed": dep.name}
+router = APIRouter()
 
-    @api.post("/update_weights", openapi_extra=json_body(UpdateWeights))
-    async def update_weights(request: Request):
-        require_admin(request)
-        req = await parse_body(request, UpdateWeights)
-        weight_dir = str(Path(req.weight_dir).resolve())
-        dep = pick_deployment(config, req.deployment, routes)
-        version = req.weight_version or Path(weight_dir).name
-        results = await weights.reload(request.app.state.http, dep, weight_dir, version)
-        return {"status": "success", "deployment": dep.name, "weight_version": version,
-                "weight_dir": weight_dir, "workers": [r.summary() for r in results]}
 
-    @api.get("/liveness")
-    async def liveness(request: Request, deployment: str | None = None):
-        """200 while every worker's engine answers, 503 (with each worker's result) when one does not."""
-        dep = pick_deployment(config, deployment, routes)
-        results = await call_workers(request.app.state.http, dep, "POST", LIVENESS, {}, timeout_s=10)
-        workers = [r.summary() for r in results if r.status != 404]  # 404: an engine without the probe
-        if all(w["ok"] for w in workers):
-            return {"status": "ok", "deployment": dep.name, "workers": workers}
-        return JSONResponse(APIError(503, f"{sum(not w['ok'] for w in workers)} of {len(workers)} workers of "
-                                          f"{dep.name!r} do not answer: {workers}", type="server_error").body(),
-                            status_code=503)
+@router.post("/pause")
+async def pause(request: Request, mode: str = "keep", clear_cache: bool = False,
+                deployment: str | None = None, gw: GatewayParts = Depends(parts),
+                weights: FullWeights = Depends(full_weights)):
+    """Freeze (``keep``), drain (``wait``) or abort (``abort``) one deployment's requests."""
+    gw.require_admin(request)
+    if mode not in ("keep", "wait", "abort"):
+        raise APIError(400, f"mode must be keep, wait or abort, not {mode!r}", param="mode")
+    dep = pick_deployment(gw.config, deployment, gw.routes)
+    await on_workers(request.app.state.http, dep, "POST", PAUSE, {"mode": mode, "clear_cache": clear_cache})
+    weights.paused_by_client.add(dep.name)
+    return {"status": "success", "paused": dep.name, "mode": mode}
 
-    @api.post("/init_broadcaster")
-    async def init_broadcaster(request: Request):
-        require_admin(request)
-        # prime-rl skips the broadcaster on a 404 and falls back to checkpoints on disk.
-        raise APIError(404, "NCCL/NIXL weight broadcast is not available on this platform's engines "
-                            "(it needs GPUs); write the checkpoint to disk and POST /update_weights "
-                            "{\"weight_dir\"} instead", type="not_found_error")
 
-    return api
+@router.post("/resume")
+async def resume(request: Request, deployment: str | None = None, gw: GatewayParts = Depends(parts),
+                 weights: FullWeights = Depends(full_weights)):
+    """Idempotent: resuming a running deployment is a no-op."""
+    gw.require_admin(request)
+    dep = pick_deployment(gw.config, deployment, gw.routes)
+    await on_workers(request.app.state.http, dep, "POST", RESUME, {})
+    weights.paused_by_client.discard(dep.name)
+    return {"status": "success", "resumed": dep.name}
+
+
+@router.post("/update_weights", openapi_extra=json_body(UpdateWeights))
+async def update_weights(request: Request, gw: GatewayParts = Depends(parts),
+                         weights: FullWeights = Depends(full_weights)):
+    gw.require_admin(request)
+    req = await parse_body(request, UpdateWeights)
+    weight_dir = str(Path(req.weight_dir).resolve())
+    dep = pick_deployment(gw.config, req.deployment, gw.routes)
+    version = req.weight_version or Path(weight_dir).name
+    results = await weights.reload(request.app.state.http, dep, weight_dir, version)
+    return {"status": "success", "deployment": dep.name, "weight_version": version,
+            "weight_dir": weight_dir, "workers": [r.summary() for r in results]}
+
+
+@router.get("/liveness")
+async def liveness(request: Request, deployment: str | None = None, gw: GatewayParts = Depends(parts)):
+    """200 while every worker's engine answers, 503 (with each worker's result) when one does not."""
+    dep = pick_deployment(gw.config, deployment, gw.routes)
+    results = await call_workers(request.app.state.http, dep, "POST", LIVENESS, {}, timeout_s=10)
+    workers = [r.summary() for r in results if r.status != 404]  # 404: an engine without the probe
+    if all(w["ok"] for w in workers):
+        return {"status": "ok", "deployment": dep.name, "workers": workers}
+    return JSONResponse(APIError(503, f"{sum(not w['ok'] for w in workers)} of {len(workers)} workers of "
+                                      f"{dep.name!r} do not answer: {workers}", type="server_error").body(),
+                    status_code=503)
+
+
+@router.post("/init_broadcaster")
+async def init_broadcaster(request: Request, gw: GatewayParts = Depends(parts)):
+    gw.require_admin(request)
+    # prime-rl skips the broadcaster on a 404 and falls back to checkpoints on disk.
+    raise APIError(404, "NCCL/NIXL weight broadcast is not available on this platform's engines "
+                        "(it needs GPUs); write the checkpoint to disk and POST /update_weights "
+                        "{\"weight_dir\"} instead", type="not_found_error")

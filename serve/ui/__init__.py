@@ -16,8 +16,9 @@ from serve.ui.web import HERE, LoginNeeded, QueryFailed, Web, login_redirect
 
 def install(app: FastAPI, config: GatewayConfig, keys: KeyStore | None, queries: QueryPool) -> None:
     web = Web(config, Sessions(load_secret(config.ui.secret_file), config.ui.session_ttl_s, keys, config.admin_key), queries)
-    app.include_router(pages.router(web, keys))
-    app.include_router(console.router(web))
+    app.state.web = web
+    app.include_router(pages.router)
+    app.include_router(console.router)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
 
     @app.exception_handler(LoginNeeded)

@@ -7,88 +7,89 @@ import json
 from pathlib import Path
 
 import duckdb
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from serve.admission import micro_usd
 from serve.ui.charts import bars
-from serve.ui.web import Web
+from serve.ui.web import Web, web_of
 from traces.guard import QueryRefused
 
 DOWNLOAD_MAX_ROWS = 1_000_000
 
 
-def router(web: Web) -> APIRouter:
-    api = APIRouter(include_in_schema=False)
-    config = web.config
+router = APIRouter(include_in_schema=False)
 
-    @api.get("/ui/checkpoints")
-    async def checkpoints(request: Request):
-        session = web.session(request)
-        stats = await web.read(session, "by_checkpoint")
-        registered = _registry(config.checkpoints_file)
-        if not session.caller.admin:
-            registered = _for_team(registered, set(stats), session.caller.team)
-        versions = {"base": _unregistered("base", "base", None), **registered}
-        for v in stats:  # served under a version the registry does not know (another home, deleted)
-            versions.setdefault(v, _unregistered(v, "?", "base"))
-        lineage = [{**versions[v], "depth": depth, "served": stats.get(v) or {}} for v, depth in _tree(versions)]
-        by_turn = sorted((c for c in versions.values() if c.get("turn") is not None), key=lambda c: c["turn"])
-        return web.page(
-            "checkpoints.html", session, lineage=lineage,
-            reward_chart=bars([(c["version"], c["served"].get("mean_reward")) for c in lineage]),
-            turn_chart=bars([(f"turn {c['turn']}", (stats.get(c["version"]) or {}).get("mean_reward"))
-                             for c in by_turn]))
 
-    @api.get("/ui/usage")
-    async def usage(request: Request):
-        session = web.session(request)
-        rows = await web.read(session, "usage")
-        for r in rows:  # priced as the ledger prices a request (whole micro-dollars)
-            r["cost_usd"] = micro_usd(r["input_tokens"], r["output_tokens"], config.prices.get(r["model"]),
-                                      r["cached_input_tokens"]) / 1e6
-        tokens: dict[str, float] = {}
-        cost: dict[str, float] = {}
-        for r in rows:
-            day = str(r["day"])
-            tokens[day] = tokens.get(day, 0) + r["input_tokens"] + r["output_tokens"]
-            cost[day] = cost.get(day, 0.0) + r["cost_usd"]
-        return web.page("usage.html", session, rows=rows, tokens_chart=bars(list(tokens.items())),
-                        cost_chart=bars(list(cost.items())))
+@router.get("/ui/checkpoints")
+async def checkpoints(request: Request, web: Web = Depends(web_of)):
+    session = web.session(request)
+    stats = await web.read(session, "by_checkpoint")
+    registered = _registry(web.config.checkpoints_file)
+    if not session.caller.admin:
+        registered = _for_team(registered, set(stats), session.caller.team)
+    versions = {"base": _unregistered("base", "base", None), **registered}
+    for v in stats:  # served under a version the registry does not know (another home, deleted)
+        versions.setdefault(v, _unregistered(v, "?", "base"))
+    lineage = [{**versions[v], "depth": depth, "served": stats.get(v) or {}} for v, depth in _tree(versions)]
+    by_turn = sorted((c for c in versions.values() if c.get("turn") is not None), key=lambda c: c["turn"])
+    return web.page(
+        "checkpoints.html", session, lineage=lineage,
+        reward_chart=bars([(c["version"], c["served"].get("mean_reward")) for c in lineage]),
+        turn_chart=bars([(f"turn {c['turn']}", (stats.get(c["version"]) or {}).get("mean_reward"))
+                         for c in by_turn]))
 
-    @api.get("/ui/sql")
-    async def sql_form(request: Request):
-        session = web.session(request)
-        return web.page("sql.html", session, sql="SELECT * FROM traces ORDER BY time_received DESC LIMIT 20",
-                        result=None, error=None, truncated=False)
 
-    @api.post("/ui/sql")
-    async def sql_run(request: Request):
-        session = web.session(request)
-        form = await web.form(request, session)
-        if form is None:
-            return web.expired(session)
-        sql = str(form.get("sql", "")).strip()
-        try:
-            columns, rows, truncated = await web.read(session, "console", sql, config.ui.sql_max_rows)
-        except (QueryRefused, duckdb.Error) as exc:
-            return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
-        return web.page("sql.html", session, sql=sql, result={"columns": columns, "rows": rows},
-                        error=None, truncated=truncated)
+@router.get("/ui/usage")
+async def usage(request: Request, web: Web = Depends(web_of)):
+    session = web.session(request)
+    rows = await web.read(session, "usage")
+    for r in rows:  # priced as the ledger prices a request (whole micro-dollars)
+        r["cost_usd"] = micro_usd(r["input_tokens"], r["output_tokens"], web.config.prices.get(r["model"]),
+                                  r["cached_input_tokens"]) / 1e6
+    tokens: dict[str, float] = {}
+    cost: dict[str, float] = {}
+    for r in rows:
+        day = str(r["day"])
+        tokens[day] = tokens.get(day, 0) + r["input_tokens"] + r["output_tokens"]
+        cost[day] = cost.get(day, 0.0) + r["cost_usd"]
+    return web.page("usage.html", session, rows=rows, tokens_chart=bars(list(tokens.items())),
+                    cost_chart=bars(list(cost.items())))
 
-    @api.get("/ui/sql/download")
-    async def sql_download(request: Request, sql: str = "", format: str = "csv"):
-        session = web.session(request)
-        if format not in ("csv", "parquet"):
-            return web.page("error.html", session, 400, title="Bad request", message="format is csv or parquet")
-        try:
-            data = await web.read(session, "download", sql, format, DOWNLOAD_MAX_ROWS)
-        except (QueryRefused, duckdb.Error) as exc:
-            return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
-        return Response(data, media_type="text/csv" if format == "csv" else "application/vnd.apache.parquet",
-                        headers={"Content-Disposition": f'attachment; filename="traces-query.{format}"'})
 
-    return api
+@router.get("/ui/sql")
+async def sql_form(request: Request, web: Web = Depends(web_of)):
+    session = web.session(request)
+    return web.page("sql.html", session, sql="SELECT * FROM traces ORDER BY time_received DESC LIMIT 20",
+                    result=None, error=None, truncated=False)
+
+
+@router.post("/ui/sql")
+async def sql_run(request: Request, web: Web = Depends(web_of)):
+    session = web.session(request)
+    form = await web.form(request, session)
+    if form is None:
+        return web.expired(session)
+    sql = str(form.get("sql", "")).strip()
+    try:
+        columns, rows, truncated = await web.read(session, "console", sql, web.config.ui.sql_max_rows)
+    except (QueryRefused, duckdb.Error) as exc:
+        return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
+    return web.page("sql.html", session, sql=sql, result={"columns": columns, "rows": rows},
+                    error=None, truncated=truncated)
+
+
+@router.get("/ui/sql/download")
+async def sql_download(request: Request, sql: str = "", format: str = "csv", web: Web = Depends(web_of)):
+    session = web.session(request)
+    if format not in ("csv", "parquet"):
+        return web.page("error.html", session, 400, title="Bad request", message="format is csv or parquet")
+    try:
+        data = await web.read(session, "download", sql, format, DOWNLOAD_MAX_ROWS)
+    except (QueryRefused, duckdb.Error) as exc:
+        return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
+    return Response(data, media_type="text/csv" if format == "csv" else "application/vnd.apache.parquet",
+                    headers={"Content-Disposition": f'attachment; filename="traces-query.{format}"'})
 
 
 def _registry(path: str | None) -> dict[str, dict]:

@@ -33,6 +33,11 @@ class LoginNeeded(Exception):
         self.next_url = next_url
 
 
+def web_of(request: Request) -> Web:
+    """The FastAPI dependency of the browser's routes: the app's one ``Web``."""
+    return request.app.state.web
+
+
 class Web:
     def __init__(self, config: GatewayConfig, sessions: Sessions, queries: QueryPool):
         self.config, self.sessions, self.queries = config, sessions, queries

@@ -121,7 +121,7 @@ def test_chunks_cancelled_at_shutdown_keep_what_they_answered(tmp_path, recordin
         batch = client.post("/v1/batches", headers=ADMIN, json={
             "input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
         wait_for(lambda: len(recording_upstream.seen) >= 13)
-        runner = client.app.state.batch_runner
+        runner = client.app.state.parts.batch_runner
         runner.cancelled.add(batch["id"])  # nothing new starts on this replica
         client.portal.call(cancel_chunks, runner)
     recording_upstream.release.set()

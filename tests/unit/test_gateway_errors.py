@@ -52,7 +52,7 @@ def test_missing_or_invalid_fields_name_the_parameter(client):
 def test_unreachable_deployment_is_503_and_still_traced(client, tmp_path):
     err = assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 503)
     assert err["type"] == "server_error" and "unreachable" in err["message"]
-    writer = client.app.state.writer
+    writer = client.app.state.parts.writer
     assert writer.flush() == 0
     from traces.store import TraceStore
     rows = TraceStore(tmp_path / "traces").sql("SELECT http_status, error FROM traces").to_pylist()

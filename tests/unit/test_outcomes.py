@@ -168,7 +168,7 @@ def test_breaker_metrics_and_trace_agree_on_how_it_ended(mode, upstream, tmp_pat
                 assert r.status_code in (200, 400, 502, 503), r.text
         counts = outcome_counts(gw.url)
         state = breaker_state(gw.url)
-        gw.app.state.writer.flush()
+        gw.app.state.parts.writer.flush()
     assert counts == {("d", expected.value): 1}
     assert state == breaker
     rows = TraceStore(tmp_path / "traces").sql("SELECT outcome, error FROM traces").to_pylist()
@@ -186,7 +186,7 @@ def test_a_request_refused_before_any_deployment_is_rejected(upstream, tmp_path)
             "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50})
         assert r.status_code == 429, r.text
         counts, state = outcome_counts(gw.url), breaker_state(gw.url)
-        gw.app.state.writer.flush()
+        gw.app.state.parts.writer.flush()
     assert counts == {("", "rejected"): 1} and state == "closed"
     assert TraceStore(tmp_path / "traces").sql("SELECT outcome FROM traces").to_pylist() == [{"outcome": "rejected"}]
 
@@ -217,7 +217,7 @@ def test_a_response_whose_trace_cannot_be_stored_is_not_durable(upstream, tmp_pa
                     "model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).status_code)
             counts, state = outcome_counts(gw.url), breaker_state(gw.url)
             (spool / "filler").unlink()
-            gw.app.state.writer.flush()
+            gw.app.state.parts.writer.flush()
     finally:
         subprocess.run(["umount", "-l", str(spool)], check=False)
     assert statuses[-1] == 503 and set(statuses[:-1]) <= {200}

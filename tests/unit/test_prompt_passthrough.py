@@ -30,8 +30,8 @@ def gateway(tmp_path, recording_upstream):
 def _sent_and_stored(gateway, recording_upstream, path: str, raw: bytes) -> tuple[dict, object]:
     r = gateway.post(path, content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
-    gateway.app.state.writer.flush()
-    (stored,) = TraceStore(gateway.app.state.writer.root).sql(
+    gateway.app.state.parts.writer.flush()
+    (stored,) = TraceStore(gateway.app.state.parts.writer.root).sql(
         "SELECT gen_ai_input_messages FROM traces").to_pylist()
     (sent,) = recording_upstream.seen
     return json.loads(sent.body, parse_constant=_refuse_constant), json.loads(stored["gen_ai_input_messages"])

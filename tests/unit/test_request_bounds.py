@@ -88,14 +88,14 @@ class Gate:
 
 @pytest.mark.parametrize("what", ["new tools", "a large body"])
 def test_the_event_loop_answers_others_while_a_heavy_request_is_checked(client, monkeypatch, what):  # noqa: F811
-    import serve.app
+    import serve.api.completions
     if what == "new tools":
         gate = Gate(definitions._checked_tools)
         monkeypatch.setattr(definitions, "_checked_tools", gate)
         body = {**CHAT, "tools": [tool(i) for i in range(50)] + [tool(99, {"type": "object", "title": "unique"})]}
     else:
-        gate = Gate(serve.app._validated)
-        monkeypatch.setattr(serve.app, "_validated", gate)
+        gate = Gate(serve.api.completions._validated)
+        monkeypatch.setattr(serve.api.completions, "_validated", gate)
         body = {**CHAT, "messages": [{"role": "user", "content": "x" * 400_000}]}
     heavy = threading.Thread(target=client.post, args=("/v1/chat/completions",), kwargs={"json": body})
     heavy.start()
@@ -113,7 +113,7 @@ def test_a_large_body_read_in_slices_means_what_one_read_means():
     GIL long): the same body, the same prompt bytes, the same 400 at the same place."""
     import json
 
-    from serve.app import _validated
+    from serve.api.completions import _validated
     from serve.errors import APIError
 
     many = {**CHAT, "messages": [{"role": "user", "content": f"m{i} é \\ud83d\\ude00"} for i in range(1000)]}

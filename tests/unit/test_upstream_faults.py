@@ -61,6 +61,6 @@ def test_a_malformed_stream_event_is_the_deployments_failure_everywhere(upstream
         metrics = client.get("/metrics").text
         assert _metric(metrics, "flywheel_stream_errors_total", model="tiny") == 1
         assert _metric(metrics, "flywheel_breaker_state", deployment="d") == 2  # open: 1 failure in 1
-        assert client.app.state.writer.flush() == 0
+        assert client.app.state.parts.writer.flush() == 0
     rows = TraceStore(tmp_path / "traces").sql("SELECT error, response_content FROM traces").to_pylist()
     assert len(rows) == 1 and "malformed" in rows[0]["error"] and rows[0]["response_content"] == "hel"
