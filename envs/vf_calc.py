@@ -48,9 +48,15 @@ class CalcTaskset(vf.Taskset[CalcTask, CalcConfig]):
         for i in range(self.config.n):
             a, b, c = rng.randint(2, 40), rng.randint(2, 40), rng.randint(2, 9)
             expr = f"({a} + {b}) * {c}"
-            yield CalcTask(CalcData(prompt=f"Use the calculate tool to compute {expr}, then give the number.",
-                                    expression=expr, answer=str(int(evaluate(expr))), id=f"calc-{i}"),
-                           self.config.task)
+            yield CalcTask(
+                CalcData(
+                    prompt=f"Use the calculate tool to compute {expr}, then give the number.",
+                    expression=expr,
+                    answer=str(int(evaluate(expr))),
+                    id=f"calc-{i}",
+                ),
+                self.config.task,
+            )
 
 
 __all__ = ["CalcTaskset"]

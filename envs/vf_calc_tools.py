@@ -8,12 +8,19 @@ import operator
 
 import verifiers.v1 as vf
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-        ast.Div: operator.truediv, ast.USub: operator.neg, ast.Pow: operator.pow}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.Pow: operator.pow,
+}
 
 
 def evaluate(expression: str) -> float:
     """Arithmetic only (numbers, + - * / **, parentheses): never Python's eval."""
+
     def walk(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value
@@ -22,6 +29,7 @@ def evaluate(expression: str) -> float:
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](walk(node.operand))
         raise ValueError(f"not arithmetic: {ast.dump(node)[:60]}")
+
     return walk(ast.parse(expression, mode="eval").body)
 
 

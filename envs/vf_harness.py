@@ -33,13 +33,15 @@ class InProcessHarness(vf.Harness[vf.HarnessConfig]):
         client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
         try:
             async with AsyncExitStack() as stack:
-                servers_cfg = {"mcpServers": {name: {"url": url, "timeout": self.config.tool_timeout}
-                                              for name, url in mcp_urls.items()}}
+                servers_cfg = {
+                    "mcpServers": {name: {"url": url, "timeout": self.config.tool_timeout} for name, url in mcp_urls.items()}
+                }
                 tools, dispatch, servers = (await connect_mcp(servers_cfg, stack)) if mcp_urls else ([], {}, {})
                 while True:
                     try:
                         resp = await client.chat.completions.create(
-                            model=ctx.model, messages=messages, **({"tools": tools} if tools else {}))
+                            model=ctx.model, messages=messages, **({"tools": tools} if tools else {})
+                        )
                     except APIStatusError:  # the interception server ended the rollout (max turns)
                         break
                     msg = resp.choices[0].message
@@ -53,8 +55,7 @@ class InProcessHarness(vf.Harness[vf.HarnessConfig]):
                             out = f"error: arguments are not JSON: {exc}"
                         else:
                             out = await call_mcp(servers, dispatch, call.function.name, args)
-                        messages.append({"role": "tool", "tool_call_id": call.id,
-                                         "name": call.function.name, "content": out})
+                        messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": out})
         finally:
             await client.close()
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")

@@ -51,30 +51,49 @@ class EpisodeResult:
     ok: bool
 
 
-async def _episodes(taskset: str, base_url: str, model: str, n: int, rollouts: int,
-                    max_tokens: int, temperature: float, max_turns: int, env_id: str,
-                    offset: int = 0, taskset_args: dict | None = None) -> list[EpisodeResult]:
+async def _episodes(
+    taskset: str,
+    base_url: str,
+    model: str,
+    n: int,
+    rollouts: int,
+    max_tokens: int,
+    temperature: float,
+    max_turns: int,
+    env_id: str,
+    offset: int = 0,
+    taskset_args: dict | None = None,
+) -> list[EpisodeResult]:
     import verifiers.v1 as vf
 
-    env = vf.load_environment(vf.SingleAgentEnvConfig(
-        taskset={"id": flat_alias(taskset), **(taskset_args or {})},
-        agent={"runtime": vf.SubprocessConfig(), "harness": {"id": flat_alias("envs.vf_harness")},
-               "max_turns": max_turns}))
+    env = vf.load_environment(
+        vf.SingleAgentEnvConfig(
+            taskset={"id": flat_alias(taskset), **(taskset_args or {})},
+            agent={"runtime": vf.SubprocessConfig(), "harness": {"id": flat_alias("envs.vf_harness")}, "max_turns": max_turns},
+        )
+    )
     sampling = vf.SamplingConfig(temperature=temperature, max_tokens=max_tokens)
     tasks = list(env.taskset.take(offset + n))[offset:]
     if len(tasks) < n:
         have = offset + len(tasks)
-        raise NotEnoughTasks(f"{taskset} has {have} tasks and tasks {offset + 1}-{offset + n} were asked for: "
-                             f"pass --train-tasks and --eval-tasks that add up to at most {have}")
+        raise NotEnoughTasks(
+            f"{taskset} has {have} tasks and tasks {offset + 1}-{offset + n} were asked for: "
+            f"pass --train-tasks and --eval-tasks that add up to at most {have}"
+        )
     # verifiers' TaskData.id is optional: a task without one is named by its place in the taskset
     ids = [str(t.data.id) if t.data.id is not None else f"task-{offset + i}" for i, t in enumerate(tasks)]
 
     def context(example_id: str, k: int) -> "vf.ModelContext":
         # one client config per rollout, so each trace row says which example and rollout it was
-        return vf.ModelContext(model=model, sampling=sampling, client=vf.EvalClientConfig(
-            base_url=f"{base_url}/v1", api_key_var=KEY_VAR,
-            headers={"X-Env-ID": env_id, "X-Example-ID": example_id,
-                     "X-Rollout-ID": f"{env_id}/{example_id}/{k}"}))
+        return vf.ModelContext(
+            model=model,
+            sampling=sampling,
+            client=vf.EvalClientConfig(
+                base_url=f"{base_url}/v1",
+                api_key_var=KEY_VAR,
+                headers={"X-Env-ID": env_id, "X-Example-ID": example_id, "X-Rollout-ID": f"{env_id}/{example_id}/{k}"},
+            ),
+        )
 
     runs = [(t, example_id, k) for t, example_id in zip(tasks, ids) for k in range(rollouts)]
     async with env.serving():  # gather keeps the order of ``runs``
@@ -82,8 +101,11 @@ async def _episodes(taskset: str, base_url: str, model: str, n: int, rollouts: i
     out = []
     for ep, (_, example_id, _) in zip(episodes, runs):
         tr = ep.traces[0]
-        out.append(EpisodeResult(example_id=example_id, session_id=tr.id, reward=float(tr.reward or 0.0),
-                                 reply=tr.last_reply or "", ok=ep.ok))
+        out.append(
+            EpisodeResult(
+                example_id=example_id, session_id=tr.id, reward=float(tr.reward or 0.0), reply=tr.last_reply or "", ok=ep.ok
+            )
+        )
     return out
 
 
@@ -91,15 +113,20 @@ class NotEnoughTasks(ValueError):
     """The taskset has fewer tasks than the run asked for."""
 
 
-def _trace_ids(base_url: str, key: str, sessions: list[str], expect_at_least: int,
-               timeout_s: float = 20.0) -> dict[str, list[str]]:
+def _trace_ids(
+    base_url: str, key: str, sessions: list[str], expect_at_least: int, timeout_s: float = 20.0
+) -> dict[str, list[str]]:
     """Session id -> the gateway trace ids of its turns (waits for them to reach Parquet)."""
     quoted = ", ".join("'" + s.replace("'", "''") + "'" for s in sessions)
     sql = f"SELECT gen_ai_conversation_id, trace_id FROM traces WHERE gen_ai_conversation_id IN ({quoted})"
     deadline = time.monotonic() + timeout_s
     while True:
-        r = httpx.post(f"{base_url}/v1/traces/query", json={"sql": sql, "max_rows": 1_000_000},
-                       headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        r = httpx.post(
+            f"{base_url}/v1/traces/query",
+            json={"sql": sql, "max_rows": 1_000_000},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
         r.raise_for_status()
         rows = r.json()["rows"]
         if len(rows) >= expect_at_least or time.monotonic() > deadline:
@@ -110,23 +137,36 @@ def _trace_ids(base_url: str, key: str, sessions: list[str], expect_at_least: in
         time.sleep(0.3)
 
 
-def run_env(taskset: str, base_url: str, key: str, model: str, n: int = 8, rollouts: int = 1,
-            max_tokens: int = 16, temperature: float = 1.0, max_turns: int = 4,
-            env_id: str | None = None, offset: int = 0,
-            taskset_args: dict | None = None) -> list[EpisodeResult]:
+def run_env(
+    taskset: str,
+    base_url: str,
+    key: str,
+    model: str,
+    n: int = 8,
+    rollouts: int = 1,
+    max_tokens: int = 16,
+    temperature: float = 1.0,
+    max_turns: int = 4,
+    env_id: str | None = None,
+    offset: int = 0,
+    taskset_args: dict | None = None,
+) -> list[EpisodeResult]:
     """Run ``rollouts`` episodes of each of tasks ``offset .. offset + n``, then post each
     rollout's reward against every trace of its session. ``taskset_args`` are the taskset's
     config fields (``seed``, ``n``, its own)."""
     env_id = env_id or taskset
     os.environ[KEY_VAR] = key
-    results = asyncio.run(_episodes(taskset, base_url, model, n, rollouts, max_tokens, temperature,
-                                    max_turns, env_id, offset, taskset_args))
+    results = asyncio.run(
+        _episodes(taskset, base_url, model, n, rollouts, max_tokens, temperature, max_turns, env_id, offset, taskset_args)
+    )
     traces = _trace_ids(base_url, key, [r.session_id for r in results], len(results))
-    feedback = [{"trace_id": t, "reward": r.reward, "source": f"env:{env_id}"}
-                for r in results for t in traces.get(r.session_id, [])]
+    feedback = [
+        {"trace_id": t, "reward": r.reward, "source": f"env:{env_id}"} for r in results for t in traces.get(r.session_id, [])
+    ]
     if feedback:
-        httpx.post(f"{base_url}/v1/feedback", json={"feedback": feedback},
-                   headers={"Authorization": f"Bearer {key}"}, timeout=60).raise_for_status()
+        httpx.post(
+            f"{base_url}/v1/feedback", json={"feedback": feedback}, headers={"Authorization": f"Bearer {key}"}, timeout=60
+        ).raise_for_status()
     return results
 
 

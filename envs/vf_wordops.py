@@ -40,8 +40,10 @@ class WordConfig(vf.TasksetConfig):
 class WordTaskset(vf.Taskset[WordTask, WordConfig]):
     def load(self):
         for t in wordops.tasks(self.config.instruction, self.config.operation, self.config.n, self.config.seed):
-            yield WordTask(WordData(prompt=t.prompt, answer=t.answer, words=list(t.words),
-                                    operation=t.operation, id=t.example_id), self.config.task)
+            yield WordTask(
+                WordData(prompt=t.prompt, answer=t.answer, words=list(t.words), operation=t.operation, id=t.example_id),
+                self.config.task,
+            )
 
 
 __all__ = ["WordTaskset"]

@@ -69,10 +69,10 @@ def _batch(items: Sequence[tuple[dict, float]], pad_id: int):
     tmask = torch.zeros((len(seqs), width))
     advs = torch.tensor([a for *_, a in seqs], dtype=torch.float32)
     for i, (p, c, lp, _) in enumerate(seqs):
-        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        attn[i, :len(p) + len(c)] = 1
-        old[i, len(p):len(p) + len(c)] = torch.tensor(lp)
-        tmask[i, len(p):len(p) + len(c)] = 1
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        attn[i, : len(p) + len(c)] = 1
+        old[i, len(p) : len(p) + len(c)] = torch.tensor(lp)
+        tmask[i, len(p) : len(p) + len(c)] = 1
     return ids, attn, old, tmask, advs
 
 
@@ -85,9 +85,14 @@ def _token_logprobs(model, ids, attn):
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
 
-def train_grpo(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path,
-               cfg: GRPOConfig = GRPOConfig(), init_adapter: str | Path | None = None,
-               progress: Callable[[int, float], None] | None = None) -> dict:
+def train_grpo(
+    base_model: str | Path,
+    rows: Sequence[dict],
+    out_dir: str | Path,
+    cfg: GRPOConfig = GRPOConfig(),
+    init_adapter: str | Path | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> dict:
     """Train a LoRA adapter (from ``init_adapter`` when given) with GRPO on ``rows`` and save
     it to ``out_dir``; returns the metrics (also written to ``flywheel_train.json``)."""
     import torch
@@ -119,10 +124,24 @@ def train_grpo(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
             progress(step + 1, losses[-1])
     out = Path(out_dir)
     model.save_pretrained(out)
-    metrics = {"algo": "grpo", "rows": len(rows), "rows_with_signal": len(items),
-               "off_policy_gap": round(gap.item(), 5), "loss_first": losses[0], "loss_last": losses[-1],
-               "clipped_share_last": round(clipped[-1], 4)}
-    (out / "flywheel_train.json").write_text(json.dumps(
-        {"base_model": str(base_model), "init_adapter": str(init_adapter) if init_adapter else None,
-         "config": asdict(cfg), **metrics}, indent=2))
+    metrics = {
+        "algo": "grpo",
+        "rows": len(rows),
+        "rows_with_signal": len(items),
+        "off_policy_gap": round(gap.item(), 5),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "clipped_share_last": round(clipped[-1], 4),
+    }
+    (out / "flywheel_train.json").write_text(
+        json.dumps(
+            {
+                "base_model": str(base_model),
+                "init_adapter": str(init_adapter) if init_adapter else None,
+                "config": asdict(cfg),
+                **metrics,
+            },
+            indent=2,
+        )
+    )
     return metrics

@@ -31,8 +31,15 @@ class HotSwapError(RuntimeError):
 
 
 class HotSwap:
-    def __init__(self, gateway_url: str, admin_key: str, registry: Registry,
-                 deployment: str, base_model_name: str, base_model_path: str | Path | None = None):
+    def __init__(
+        self,
+        gateway_url: str,
+        admin_key: str,
+        registry: Registry,
+        deployment: str,
+        base_model_name: str,
+        base_model_path: str | Path | None = None,
+    ):
         self.url, self.registry = gateway_url.rstrip("/"), registry
         self.deployment, self.base_model_name = deployment, base_model_name
         self.base_model_path = str(Path(base_model_path).resolve()) if base_model_path else None
@@ -46,8 +53,7 @@ class HotSwap:
         return r.json()
 
     def _reload(self, weight_dir: str, version: str) -> None:
-        self._post("/update_weights", {"weight_dir": weight_dir, "weight_version": version,
-                                       "deployment": self.deployment})
+        self._post("/update_weights", {"weight_dir": weight_dir, "weight_version": version, "deployment": self.deployment})
 
     def _weights_now(self, alias: str) -> str | None:
         route = self._post("/admin/models", None, method="GET").get(alias) or {}
@@ -70,8 +76,10 @@ class HotSwap:
             self._reload(ckpt.path, version)
             return self.base_model_name
         name = self.upstream_name(alias, version)
-        self._post("/load_lora_adapter", {"lora_name": name, "lora_path": ckpt.path,
-                                          "deployment": self.deployment, "checkpoint_version": version})
+        self._post(
+            "/load_lora_adapter",
+            {"lora_name": name, "lora_path": ckpt.path, "deployment": self.deployment, "checkpoint_version": version},
+        )
         return name
 
     def point(self, alias: str, version: str) -> None:
@@ -86,9 +94,17 @@ class HotSwap:
                 # the adapter runs over whatever base weights are loaded: record them, so a reset
                 # or a restarted worker knows they were swapped
                 lora_path, weight_dir = str(Path(ckpt.path).resolve()), self._weights_now(alias)
-        self._post(f"/admin/models/{alias}", {
-            "deployment": self.deployment, "upstream_model": self.upstream_name(alias, version),
-            "checkpoint_version": version, "lora_path": lora_path, "weight_dir": weight_dir}, method="PUT")
+        self._post(
+            f"/admin/models/{alias}",
+            {
+                "deployment": self.deployment,
+                "upstream_model": self.upstream_name(alias, version),
+                "checkpoint_version": version,
+                "lora_path": lora_path,
+                "weight_dir": weight_dir,
+            },
+            method="PUT",
+        )
 
     def reset(self, alias: str) -> None:
         """Serve the base model under ``alias`` and record that as the new starting point."""
@@ -110,8 +126,7 @@ class HotSwap:
         self.registry.pop(alias)
         return target
 
-    def blue_green(self, alias: str, version: str, slots: "Slots", drain_timeout_s: float = 300,
-                   record: bool = True) -> str:
+    def blue_green(self, alias: str, version: str, slots: "Slots", drain_timeout_s: float = 300, record: bool = True) -> str:
         """Serve ``version`` (a full checkpoint, or ``base``) from a new deployment: ``slots``
         starts it and returns its name once it serves; every alias on the base weights of the old
         deployment moves to it; when nothing is in flight on the old one, the aliases of adapters
@@ -123,18 +138,30 @@ class HotSwap:
         table = self._post("/admin/models", None, method="GET")
         old = table.get(alias, {}).get("deployment", self.deployment)
         moving = [a for a, r in table.items() if r["deployment"] == old and (a == alias or not r["lora_path"])]
-        stranded = [a for a, r in table.items() if r["deployment"] == old and r["lora_path"]
-                    and a not in moving and a != r["upstream_model"]]
+        stranded = [
+            a
+            for a, r in table.items()
+            if r["deployment"] == old and r["lora_path"] and a not in moving and a != r["upstream_model"]
+        ]
         if stranded:
-            raise HotSwapError(f"aliases {stranded} serve adapters of {old}'s base weights: move them "
-                               "first (they cannot follow to another checkpoint)")
+            raise HotSwapError(
+                f"aliases {stranded} serve adapters of {old}'s base weights: move them "
+                "first (they cannot follow to another checkpoint)"
+            )
         new = slots.start_beside(ckpt.path if ckpt else None)
         path = str(Path(ckpt.path).resolve()) if ckpt else self.base_model_path
         try:
             for a in moving:
-                self._post(f"/admin/models/{a}", {"deployment": new, "upstream_model": self.base_model_name,
-                                                  "checkpoint_version": version, "weight_dir": path},
-                           method="PUT")
+                self._post(
+                    f"/admin/models/{a}",
+                    {
+                        "deployment": new,
+                        "upstream_model": self.base_model_name,
+                        "checkpoint_version": version,
+                        "weight_dir": path,
+                    },
+                    method="PUT",
+                )
             self._drain(old, drain_timeout_s)
         except BaseException:
             for a in moving:  # back where they were; then the new deployment goes
@@ -157,8 +184,10 @@ class HotSwap:
             if deps[deployment]["in_flight"] == 0:
                 return
             if time.monotonic() > deadline:
-                raise HotSwapError(f"{deployment} still has {deps[deployment]['in_flight']} requests in "
-                                   f"flight after {timeout_s:.0f} s; it was not stopped")
+                raise HotSwapError(
+                    f"{deployment} still has {deps[deployment]['in_flight']} requests in "
+                    f"flight after {timeout_s:.0f} s; it was not stopped"
+                )
             time.sleep(0.2)
 
     def rollback_blue_green(self, alias: str, slots: "Slots") -> str:
@@ -170,13 +199,12 @@ class HotSwap:
 
     def unload_adapter(self, alias: str, version: str) -> None:
         """Unload ``version``'s adapter (no alias may still serve it)."""
-        self._post("/unload_lora_adapter", {"lora_name": self.upstream_name(alias, version),
-                                            "deployment": self.deployment})
+        self._post("/unload_lora_adapter", {"lora_name": self.upstream_name(alias, version), "deployment": self.deployment})
 
 
 class Slots(Protocol):
     """The process side of a blue-green deploy (deploy/stack/bluegreen.py)."""
 
-    def start_beside(self, weight_dir: str | None) -> str: ...   # the new deployment's name, serving
-    def retire(self, old: str, version: str) -> None: ...      # the new one is the stack's; stop old
-    def abandon(self, new: str) -> None: ...                   # stop the new one (the deploy failed)
+    def start_beside(self, weight_dir: str | None) -> str: ...  # the new deployment's name, serving
+    def retire(self, old: str, version: str) -> None: ...  # the new one is the stack's; stop old
+    def abandon(self, new: str) -> None: ...  # stop the new one (the deploy failed)

@@ -28,12 +28,12 @@ class Checkpoint:
     path: str
     base_model: str
     parent: str | None = None
-    dataset: dict | None = None        # the export manifest (sql, rows, content hash)
+    dataset: dict | None = None  # the export manifest (sql, rows, content hash)
     metrics: dict = field(default_factory=dict)
     created: str = ""
-    env: str | None = None             # the environment whose rewards trained it
-    turn: int | None = None            # the loop turn that made it
-    team: str | None = None            # whose traces trained it: only that team sees how
+    env: str | None = None  # the environment whose rewards trained it
+    turn: int | None = None  # the loop turn that made it
+    team: str | None = None  # whose traces trained it: only that team sees how
 
 
 class RegistryError(ValueError):
@@ -58,20 +58,38 @@ class Registry:
             return {"checkpoints": {}, "aliases": {}}
         return json.loads(self.path.read_text())
 
-    def register(self, version: str, kind: str, path: str | Path, base_model: str,
-                 parent: str | None = None, dataset: dict | None = None,
-                 metrics: dict | None = None, env: str | None = None,
-                 turn: int | None = None, team: str | None = None) -> Checkpoint:
+    def register(
+        self,
+        version: str,
+        kind: str,
+        path: str | Path,
+        base_model: str,
+        parent: str | None = None,
+        dataset: dict | None = None,
+        metrics: dict | None = None,
+        env: str | None = None,
+        turn: int | None = None,
+        team: str | None = None,
+    ) -> Checkpoint:
         if kind not in ("lora", "full"):
             raise RegistryError(f"kind must be 'lora' or 'full', not {kind!r}")
         if version == BASE:
             raise RegistryError(f"{BASE!r} is reserved for the base model")
         if not Path(path).is_dir():
             raise RegistryError(f"checkpoint path {path} is not a directory")
-        ckpt = Checkpoint(version=version, kind=kind, path=str(Path(path).resolve()),
-                          base_model=str(base_model), parent=parent, dataset=dataset,
-                          metrics=metrics or {}, env=env, turn=turn, team=team,
-                          created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        ckpt = Checkpoint(
+            version=version,
+            kind=kind,
+            path=str(Path(path).resolve()),
+            base_model=str(base_model),
+            parent=parent,
+            dataset=dataset,
+            metrics=metrics or {},
+            env=env,
+            turn=turn,
+            team=team,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
         with self._edit() as data:
             if version in data["checkpoints"]:
                 raise RegistryError(f"checkpoint {version!r} is already registered")

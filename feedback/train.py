@@ -44,14 +44,15 @@ def pad_batch(rows: Sequence[dict], pad_id: int, max_len: int):
     label_ids = torch.full((len(seqs), width), -100, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, (s, lab) in enumerate(zip(seqs, labels)):
-        input_ids[i, :len(s)] = torch.tensor(s)
-        label_ids[i, :len(lab)] = torch.tensor(lab)
-        mask[i, :len(s)] = 1
+        input_ids[i, : len(s)] = torch.tensor(s)
+        label_ids[i, : len(lab)] = torch.tensor(lab)
+        mask[i, : len(s)] = 1
     return input_ids, mask, label_ids
 
 
-def _fit(model, rows: Sequence[dict], pad_id: int, cfg: TrainConfig,
-         progress: Callable[[int, float], None] | None) -> list[float]:
+def _fit(
+    model, rows: Sequence[dict], pad_id: int, cfg: TrainConfig, progress: Callable[[int, float], None] | None
+) -> list[float]:
     """AdamW on the completion tokens of random batches of ``rows``; the loss of each step."""
     import torch
 
@@ -60,8 +61,7 @@ def _fit(model, rows: Sequence[dict], pad_id: int, cfg: TrainConfig,
     model.train()
     losses = []
     for step in range(cfg.steps):
-        input_ids, mask, labels = pad_batch(rng.sample(rows, min(cfg.batch_size, len(rows))),
-                                         pad_id, cfg.max_len)
+        input_ids, mask, labels = pad_batch(rng.sample(rows, min(cfg.batch_size, len(rows))), pad_id, cfg.max_len)
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         opt.step()
@@ -79,8 +79,7 @@ def _with_completions(rows: Sequence[dict]) -> list[dict]:
     return rows
 
 
-def lora_model(base_model: str | Path, rank: int, alpha: int, seed: int,
-               init_adapter: str | Path | None = None):
+def lora_model(base_model: str | Path, rank: int, alpha: int, seed: int, init_adapter: str | Path | None = None):
     """(trainable LoRA model over ``base_model`` in fp32, its pad id): a new adapter, or
     ``init_adapter`` to continue from."""
     import torch
@@ -92,14 +91,19 @@ def lora_model(base_model: str | Path, rank: int, alpha: int, seed: int,
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     if init_adapter is not None:
         return PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True), pad_id
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
-                                            target_modules=LORA_TARGETS, task_type="CAUSAL_LM")), pad_id
+    return get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    ), pad_id
 
 
-def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path,
-               cfg: TrainConfig = TrainConfig(),
-               progress: Callable[[int, float], None] | None = None,
-               init_adapter: str | Path | None = None) -> Path:
+def train_lora(
+    base_model: str | Path,
+    rows: Sequence[dict],
+    out_dir: str | Path,
+    cfg: TrainConfig = TrainConfig(),
+    progress: Callable[[int, float], None] | None = None,
+    init_adapter: str | Path | None = None,
+) -> Path:
     """Fine-tune a LoRA adapter on ``rows`` (dicts with prompt/completion token ids) and save it
     in PEFT's layout (``adapter_config.json`` + ``adapter_model.safetensors``). With
     ``init_adapter``, training continues from that adapter (the parent checkpoint)."""
@@ -108,16 +112,29 @@ def train_lora(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
     losses = _fit(model, rows, pad_id, cfg, progress)
     out = Path(out_dir)
     model.save_pretrained(out)
-    (out / "flywheel_train.json").write_text(json.dumps(
-        {"base_model": str(base_model), "init_adapter": str(init_adapter) if init_adapter else None,
-         "rows": len(rows), "config": cfg.__dict__,
-         "loss_first": losses[0], "loss_last": losses[-1]}, indent=2))
+    (out / "flywheel_train.json").write_text(
+        json.dumps(
+            {
+                "base_model": str(base_model),
+                "init_adapter": str(init_adapter) if init_adapter else None,
+                "rows": len(rows),
+                "config": cfg.__dict__,
+                "loss_first": losses[0],
+                "loss_last": losses[-1],
+            },
+            indent=2,
+        )
+    )
     return out
 
 
-def train_full(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path,
-               cfg: TrainConfig = TrainConfig(lr=1e-4),
-               progress: Callable[[int, float], None] | None = None) -> Path:
+def train_full(
+    base_model: str | Path,
+    rows: Sequence[dict],
+    out_dir: str | Path,
+    cfg: TrainConfig = TrainConfig(lr=1e-4),
+    progress: Callable[[int, float], None] | None = None,
+) -> Path:
     """Fine-tune every parameter of ``base_model`` on ``rows`` and save a complete Hugging Face
     checkpoint (config, ``model.safetensors`` and the base's tokenizer files), the layout
     ``POST /update_weights`` reloads in place and a new deployment can start from."""
@@ -132,9 +149,19 @@ def train_full(base_model: str | Path, rows: Sequence[dict], out_dir: str | Path
     out = Path(out_dir)
     model.save_pretrained(out, safe_serialization=True)
     copy_beside_weights(base_model, out)
-    (out / "flywheel_train.json").write_text(json.dumps(
-        {"base_model": str(base_model), "kind": "full", "rows": len(rows), "config": cfg.__dict__,
-         "loss_first": losses[0], "loss_last": losses[-1]}, indent=2))
+    (out / "flywheel_train.json").write_text(
+        json.dumps(
+            {
+                "base_model": str(base_model),
+                "kind": "full",
+                "rows": len(rows),
+                "config": cfg.__dict__,
+                "loss_first": losses[0],
+                "loss_last": losses[-1],
+            },
+            indent=2,
+        )
+    )
     return out
 
 

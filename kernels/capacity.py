@@ -19,7 +19,7 @@ FORMATS = {"fp8": FP8_ROW_BYTES, "fp8_ds_mla": FP8_DS_MLA_ROW_BYTES, "nvfp4": RO
 
 @dataclass(frozen=True)
 class DecoderMemory:
-    kv_bytes: float              # memory left for the KV cache on one decoder (after weights etc.)
+    kv_bytes: float  # memory left for the KV cache on one decoder (after weights etc.)
     layers: int
     extra_bytes_per_layer: int = 0  # per token, uncompressed state beside the MLA row
 

@@ -24,8 +24,8 @@ class CacheGeometry:
     layers: int
     num_blocks: int
     block_tokens: int
-    heads: int = 1            # MLA: one latent "head" per token
-    row_bytes: int = 576      # bytes per token per head per layer (576 FP8 MLA, 352 NVFP4)
+    heads: int = 1  # MLA: one latent "head" per token
+    row_bytes: int = 576  # bytes per token per head per layer (576 FP8 MLA, 352 NVFP4)
 
     @property
     def block_bytes(self) -> int:
@@ -38,8 +38,9 @@ class CacheGeometry:
         return (block * self.layers + layer) * self.block_bytes
 
 
-def transfer_plan(geom: CacheGeometry, layout: Layout, src_blocks: list[int],
-                  dst_blocks: list[int]) -> list[tuple[int, int, int]]:
+def transfer_plan(
+    geom: CacheGeometry, layout: Layout, src_blocks: list[int], dst_blocks: list[int]
+) -> list[tuple[int, int, int]]:
     """Descriptors moving the request's blocks (``src_blocks[i]`` -> ``dst_blocks[i]``)."""
     if len(src_blocks) != len(dst_blocks):
         raise ValueError("source and destination need the same number of blocks")
@@ -68,6 +69,9 @@ def descriptor_counts(tokens: int, layers: int, row_bytes: int = 576) -> dict:
     """The worst case (every block id scattered) for a request of ``tokens`` tokens:
     LBHNC with 1,024-token blocks vs BLHNC with 64-token blocks."""
     lb, bb = request_blocks(tokens, 1024), request_blocks(tokens, 64)
-    return {"tokens": tokens, "layers": layers,
-            "LBHNC_1024": {"blocks": lb, "descriptors": layers * lb, "bytes_each": 1024 * row_bytes},
-            "BLHNC_64": {"blocks": bb, "descriptors": bb, "bytes_each": 64 * row_bytes * layers}}
+    return {
+        "tokens": tokens,
+        "layers": layers,
+        "LBHNC_1024": {"blocks": lb, "descriptors": layers * lb, "bytes_each": 1024 * row_bytes},
+        "BLHNC_64": {"blocks": bb, "descriptors": bb, "bytes_each": 64 * row_bytes * layers},
+    }

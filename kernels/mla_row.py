@@ -21,18 +21,17 @@ from kernels.nvfp4 import BLOCK, E4M3_MAX, NVFP4Tensor, _check_finite, dequantiz
 LATENT, ROPE = 512, 64
 LATENT_BYTES, SCALE_BYTES, ROPE_BYTES = LATENT // 2, LATENT // BLOCK, ROPE
 ROW_BYTES = LATENT_BYTES + SCALE_BYTES + ROPE_BYTES  # 352
-FP8_ROW_BYTES = LATENT + ROPE                         # 576
+FP8_ROW_BYTES = LATENT + ROPE  # 576
 
 
 @dataclass(frozen=True)
 class MLARows:
-    data: torch.Tensor          # uint8 [n, 352]
+    data: torch.Tensor  # uint8 [n, 352]
     latent_scale: torch.Tensor  # fp32 scalar (NVFP4 global scale)
-    rope_scale: torch.Tensor    # fp32 scalar
+    rope_scale: torch.Tensor  # fp32 scalar
 
 
-def pack_rows(kv: torch.Tensor, latent_scale: torch.Tensor | None = None,
-              rope_scale: torch.Tensor | None = None) -> MLARows:
+def pack_rows(kv: torch.Tensor, latent_scale: torch.Tensor | None = None, rope_scale: torch.Tensor | None = None) -> MLARows:
     """[n, 576] (latent then rope) -> [n, 352] bytes."""
     if kv.shape[-1] != LATENT + ROPE:
         raise ValueError(f"an MLA row has {LATENT + ROPE} values, got {kv.shape[-1]}")
@@ -49,7 +48,6 @@ def pack_rows(kv: torch.Tensor, latent_scale: torch.Tensor | None = None,
 def unpack_rows(rows: MLARows) -> torch.Tensor:
     """[n, 352] bytes -> [n, 576] fp32."""
     d = rows.data
-    q = NVFP4Tensor(d[:, :LATENT_BYTES], d[:, LATENT_BYTES:LATENT_BYTES + SCALE_BYTES],
-                    rows.latent_scale, (d.shape[0], LATENT))
-    rope = d[:, LATENT_BYTES + SCALE_BYTES:].contiguous().view(torch.float8_e4m3fn).float() * rows.rope_scale
+    q = NVFP4Tensor(d[:, :LATENT_BYTES], d[:, LATENT_BYTES : LATENT_BYTES + SCALE_BYTES], rows.latent_scale, (d.shape[0], LATENT))
+    rope = d[:, LATENT_BYTES + SCALE_BYTES :].contiguous().view(torch.float8_e4m3fn).float() * rows.rope_scale
     return torch.cat([dequantize(q), rope], dim=-1)

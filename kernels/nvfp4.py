@@ -24,8 +24,8 @@ _E2M1_BOUNDS = (E2M1_VALUES[1:] + E2M1_VALUES[:-1]) / 2
 
 @dataclass(frozen=True)
 class NVFP4Tensor:
-    packed: torch.Tensor        # uint8 [..., n / 2]: two e2m1 codes per byte
-    scales: torch.Tensor        # uint8 [..., n / 16]: e4m3 bits of each block's scale
+    packed: torch.Tensor  # uint8 [..., n / 2]: two e2m1 codes per byte
+    scales: torch.Tensor  # uint8 [..., n / 16]: e4m3 bits of each block's scale
     global_scale: torch.Tensor  # fp32 scalar
     shape: tuple[int, ...]
 

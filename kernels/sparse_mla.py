@@ -20,16 +20,15 @@ import torch
 from kernels.mla_row import LATENT, LATENT_BYTES, ROPE, SCALE_BYTES, MLARows, unpack_rows
 
 
-def sparse_mla_decode_reference(q: torch.Tensor, rows: MLARows, indices: torch.Tensor,
-                                softmax_scale: float) -> torch.Tensor:
+def sparse_mla_decode_reference(q: torch.Tensor, rows: MLARows, indices: torch.Tensor, softmax_scale: float) -> torch.Tensor:
     """q [T, H, 576], indices [T, K] int (-1 = empty) -> out [T, H, 512] fp32."""
-    kv = unpack_rows(rows)                                 # [N, 576] fp32
-    valid = indices >= 0                                   # [T, K]
-    picked = kv[indices.clamp(min=0).long()]               # [T, K, 576] (row 0 for -1, masked below)
+    kv = unpack_rows(rows)  # [N, 576] fp32
+    valid = indices >= 0  # [T, K]
+    picked = kv[indices.clamp(min=0).long()]  # [T, K, 576] (row 0 for -1, masked below)
     scores = torch.einsum("thc,tkc->thk", q.float(), picked) * softmax_scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    probs = torch.nan_to_num(probs, nan=0.0)               # a token with no valid row attends to nothing
+    probs = torch.nan_to_num(probs, nan=0.0)  # a token with no valid row attends to nothing
     return torch.einsum("thk,tkc->thc", probs, picked[..., :LATENT])
 
 
@@ -40,6 +39,7 @@ except ImportError:  # pragma: no cover - triton ships with the CPU torch wheel 
     triton = None
 
 if triton is not None:
+
     @triton.jit
     def _e4m3_to_f32(bits):
         # e4m3fn: sign | 4-bit exponent (bias 7) | 3-bit mantissa; exponent 0 = subnormal
@@ -61,11 +61,24 @@ if triton is not None:
         return tl.where((c & 8) != 0, -mag, mag)
 
     @triton.jit
-    def _sparse_mla_kernel(q_ptr, rows_ptr, idx_ptr, out_ptr, latent_scale, rope_scale, softmax_scale,
-                           H, K,
-                           ROW_BYTES: tl.constexpr, LAT: tl.constexpr, ROPE_DIM: tl.constexpr,
-                           LAT_BYTES: tl.constexpr, SCALE_OFF: tl.constexpr, ROPE_OFF: tl.constexpr,
-                           BLOCK_K: tl.constexpr):
+    def _sparse_mla_kernel(
+        q_ptr,
+        rows_ptr,
+        idx_ptr,
+        out_ptr,
+        latent_scale,
+        rope_scale,
+        softmax_scale,
+        H,
+        K,
+        ROW_BYTES: tl.constexpr,
+        LAT: tl.constexpr,
+        ROPE_DIM: tl.constexpr,
+        LAT_BYTES: tl.constexpr,
+        SCALE_OFF: tl.constexpr,
+        ROPE_OFF: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
         t = tl.program_id(0)
         h = tl.program_id(1)
         lat = tl.arange(0, LAT)
@@ -101,8 +114,9 @@ if triton is not None:
         tl.store(out_ptr + (t * H + h) * LAT + lat, out)
 
 
-def sparse_mla_decode_triton(q: torch.Tensor, rows: MLARows, indices: torch.Tensor,
-                             softmax_scale: float, block_k: int = 32) -> torch.Tensor:
+def sparse_mla_decode_triton(
+    q: torch.Tensor, rows: MLARows, indices: torch.Tensor, softmax_scale: float, block_k: int = 32
+) -> torch.Tensor:
     """Same contract as the reference; q, rows and indices on one device (CPU: TRITON_INTERPRET=1)."""
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -110,8 +124,21 @@ def sparse_mla_decode_triton(q: torch.Tensor, rows: MLARows, indices: torch.Tens
     assert C == LATENT + ROPE
     out = torch.empty(T, H, LATENT, dtype=torch.float32, device=q.device)
     _sparse_mla_kernel[(T, H)](
-        q.contiguous(), rows.data.contiguous(), indices.to(torch.int32).contiguous(), out,
-        float(rows.latent_scale), float(rows.rope_scale), float(softmax_scale), H, indices.shape[1],
-        ROW_BYTES=rows.data.shape[1], LAT=LATENT, ROPE_DIM=ROPE, LAT_BYTES=LATENT_BYTES,
-        SCALE_OFF=LATENT_BYTES, ROPE_OFF=LATENT_BYTES + SCALE_BYTES, BLOCK_K=block_k)
+        q.contiguous(),
+        rows.data.contiguous(),
+        indices.to(torch.int32).contiguous(),
+        out,
+        float(rows.latent_scale),
+        float(rows.rope_scale),
+        float(softmax_scale),
+        H,
+        indices.shape[1],
+        ROW_BYTES=rows.data.shape[1],
+        LAT=LATENT,
+        ROPE_DIM=ROPE,
+        LAT_BYTES=LATENT_BYTES,
+        SCALE_OFF=LATENT_BYTES,
+        ROPE_OFF=LATENT_BYTES + SCALE_BYTES,
+        BLOCK_K=block_k,
+    )
     return out

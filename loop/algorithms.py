@@ -19,12 +19,14 @@ class NothingToLearn(Exception):
 
 
 def _rewarded(scope: str) -> str:
-    return ("SELECT t.*, r.reward FROM traces t JOIN rewards r USING (trace_id) "
-            f"WHERE r.name = 'reward' AND t.http_status = 200 AND {scope} AND ")
+    return (
+        "SELECT t.*, r.reward FROM traces t JOIN rewards r USING (trace_id) "
+        f"WHERE r.name = 'reward' AND t.http_status = 200 AND {scope} AND "
+    )
 
 
 class Algorithm:
-    export_kind: ClassVar[str]       # feedback.export's dataset kind
+    export_kind: ClassVar[str]  # feedback.export's dataset kind
 
     def __init__(self, lc: LoopConfig):
         self.lc = lc
@@ -69,19 +71,32 @@ class RejectionSampling(Algorithm):
         return "full" if self.lc.full else "lora"
 
     def training_sql(self, scope: str, env_id: str, run_id: str) -> str:
-        return (_rewarded(scope) + f"t.env_id LIKE {quote(run_id + '-t%')} AND r.reward >= {float(self.lc.solve_at)} "
-                "QUALIFY row_number() OVER (PARTITION BY t.example_id ORDER BY t.trace_id) = 1")
+        return (
+            _rewarded(scope) + f"t.env_id LIKE {quote(run_id + '-t%')} AND r.reward >= {float(self.lc.solve_at)} "
+            "QUALIFY row_number() OVER (PARTITION BY t.example_id ORDER BY t.trace_id) = 1"
+        )
 
     def train(self, base: Path, rows: list[dict], out: Path, seed: int, init: str | None) -> dict:
         from feedback.train import TrainConfig, train_full, train_lora
 
         losses: list[float] = []
         if self.lc.full:
-            train_full(init or base, rows, out, TrainConfig(steps=self.lc.steps, lr=3e-4, seed=seed),
-                       progress=lambda s, loss: losses.append(loss))
+            train_full(
+                init or base,
+                rows,
+                out,
+                TrainConfig(steps=self.lc.steps, lr=3e-4, seed=seed),
+                progress=lambda s, loss: losses.append(loss),
+            )
         else:
-            train_lora(base, rows, out, TrainConfig(steps=self.lc.steps, seed=seed),
-                       progress=lambda s, loss: losses.append(loss), init_adapter=init)
+            train_lora(
+                base,
+                rows,
+                out,
+                TrainConfig(steps=self.lc.steps, seed=seed),
+                progress=lambda s, loss: losses.append(loss),
+                init_adapter=init,
+            )
         return {"algo": "rs", "rows": len(rows), "loss_first": losses[0], "loss_last": losses[-1]}
 
 

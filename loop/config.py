@@ -14,13 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field
 class LoopConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    env: str = Field("envs.vf_wordops", description="verifiers taskset: MODULE or MODULE:Taskset, "
-                                                    "importable from PYTHONPATH")
+    env: str = Field("envs.vf_wordops", description="verifiers taskset: MODULE or MODULE:Taskset, importable from PYTHONPATH")
     env_args: dict = Field(default_factory=dict, description="the taskset's config fields")
     turns: int = Field(3, ge=0)
-    algo: Literal["grpo", "rs"] = Field("grpo", description="a key of loop.algorithms.ALGORITHMS: grpo "
-                                                            "(policy gradient on the engine's logprobs) or rs "
-                                                            "(rejection sampling: SFT on exact solves)")
+    algo: Literal["grpo", "rs"] = Field(
+        "grpo",
+        description="a key of loop.algorithms.ALGORITHMS: grpo "
+        "(policy gradient on the engine's logprobs) or rs "
+        "(rejection sampling: SFT on exact solves)",
+    )
     train_tasks: int = Field(32, ge=1, description="tasks rolled out each turn (the first ones)")
     eval_tasks: int = Field(64, ge=1, description="the tasks after them, held back for the greedy eval")
     samples: int = Field(8, ge=1, description="rollouts per task (the GRPO group)")

@@ -32,23 +32,36 @@ def _wait_rewarded(store, scope: str, env_id: str, n: int, timeout_s: float = 30
     deadline = time.monotonic() + timeout_s
     while True:
         store.refresh()
-        got = store.sql("SELECT count(*) AS n FROM traces t JOIN rewards r USING (trace_id) "
-                        f"WHERE t.env_id = $1 AND {scope} AND r.name = 'reward'", params=[env_id]).column("n")[0].as_py()
+        got = (
+            store.sql(
+                "SELECT count(*) AS n FROM traces t JOIN rewards r USING (trace_id) "
+                f"WHERE t.env_id = $1 AND {scope} AND r.name = 'reward'",
+                params=[env_id],
+            )
+            .column("n")[0]
+            .as_py()
+        )
         if got >= n or time.monotonic() > deadline:
             return got
         time.sleep(0.3)
 
 
 def _tokens(store, scope: str, env_ids: list[str]) -> int:
-    row = store.sql("SELECT coalesce(sum(gen_ai_usage_input_tokens + gen_ai_usage_output_tokens), 0) AS n "
-                    f"FROM traces t WHERE list_contains($1, env_id) AND {scope}", params=[env_ids])
+    row = store.sql(
+        "SELECT coalesce(sum(gen_ai_usage_input_tokens + gen_ai_usage_output_tokens), 0) AS n "
+        f"FROM traces t WHERE list_contains($1, env_id) AND {scope}",
+        params=[env_ids],
+    )
     return int(row.column("n")[0].as_py())
 
 
 def _summary(results, solve_at: float) -> dict:
     n = max(len(results), 1)
-    return {"n": len(results), "reward_mean": round(sum(r.reward for r in results) / n, 4),
-            "exact_solve": round(sum(r.reward >= solve_at for r in results) / n, 4)}
+    return {
+        "n": len(results),
+        "reward_mean": round(sum(r.reward for r in results) / n, 4),
+        "exact_solve": round(sum(r.reward >= solve_at for r in results) / n, 4),
+    }
 
 
 class Loop:
@@ -70,8 +83,7 @@ class Loop:
         self.store = TraceStore(target.traces)
         self.team, self.scope = target.team, run_scope(target.team, target.key_id)
         self.registry = Registry(target.registry)
-        self.swap = HotSwap(self.url, target.admin_key, self.registry, target.deployment, self.alias,
-                            target.base_model)
+        self.swap = HotSwap(self.url, target.admin_key, self.registry, target.deployment, self.alias, target.base_model)
 
     def _phase(self, name: str, fn) -> dict:
         """Run ``fn`` unless the state already has its result; record the result with its time."""
@@ -88,15 +100,28 @@ class Loop:
     def _episodes(self, env_id: str, offset: int, n: int, samples: int, temperature: float):
         from envs.vf_run import run_env
 
-        return run_env(self.lc.env, self.url, self.key, self.alias, n=n, rollouts=samples,
-                       max_tokens=self.lc.max_tokens, temperature=temperature, env_id=env_id,
-                       offset=offset, taskset_args=self.lc.env_args)
+        return run_env(
+            self.lc.env,
+            self.url,
+            self.key,
+            self.alias,
+            n=n,
+            rollouts=samples,
+            max_tokens=self.lc.max_tokens,
+            temperature=temperature,
+            env_id=env_id,
+            offset=offset,
+            taskset_args=self.lc.env_args,
+        )
 
     def _eval(self, turn: int) -> dict:
         env_id = f"{self.state.run_id}-eval-t{turn}"
         results = self._episodes(env_id, self.lc.train_tasks, self.lc.eval_tasks, 1, 0.0)
-        out = {**_summary(results, self.lc.solve_at), "env_id": env_id,
-               "examples": [[r.example_id, r.reply, r.reward] for r in results[:3]]}
+        out = {
+            **_summary(results, self.lc.solve_at),
+            "env_id": env_id,
+            "examples": [[r.example_id, r.reply, r.reward] for r in results[:3]],
+        }
         rewarded = _wait_rewarded(self.store, self.scope, env_id, len(results))
         out["tokens"] = _tokens(self.store, self.scope, [env_id]) if rewarded else 0
         return out
@@ -109,8 +134,12 @@ class Loop:
         lc = self.lc
         results = self._episodes(env_id, 0, lc.train_tasks, lc.samples, 1.0)
         rewarded = _wait_rewarded(self.store, self.scope, env_id, len(results))
-        return {**_summary(results, lc.solve_at), "env_id": env_id, "rewarded": rewarded,
-                "tokens": _tokens(self.store, self.scope, [env_id])}
+        return {
+            **_summary(results, lc.solve_at),
+            "env_id": env_id,
+            "rewarded": rewarded,
+            "tokens": _tokens(self.store, self.scope, [env_id]),
+        }
 
     def _export(self, turn: int, rollouts: dict) -> dict:
         from feedback.export import export
@@ -135,8 +164,7 @@ class Loop:
             metrics = self.algo.train(warm, rows, ckpt, self.lc.seed * 1000 + turn, init)
         except NothingToLearn as exc:
             return self._unchanged(parent, str(exc))
-        return {"version": version, "path": str(ckpt), "metrics": metrics,
-                "kind": self.algo.checkpoint_kind, "dataset": manifest}
+        return {"version": version, "path": str(ckpt), "metrics": metrics, "kind": self.algo.checkpoint_kind, "dataset": manifest}
 
     def _unchanged(self, parent: str, why: str) -> dict:
         self.report.console.print(f"[yellow]nothing to train on this turn ({why}); {parent} stays[/]")
@@ -148,9 +176,18 @@ class Loop:
         if trained["path"] is None:
             return {"version": parent}
         try:
-            self.registry.register(trained["version"], trained["kind"], trained["path"],
-                                   self.state.data["warm_path"], parent=parent, dataset=trained["dataset"],
-                                   metrics=trained["metrics"], env=self.lc.env, turn=turn, team=self.team)
+            self.registry.register(
+                trained["version"],
+                trained["kind"],
+                trained["path"],
+                self.state.data["warm_path"],
+                parent=parent,
+                dataset=trained["dataset"],
+                metrics=trained["metrics"],
+                env=self.lc.env,
+                turn=turn,
+                team=self.team,
+            )
         except RegistryError:
             if self.registry.get(trained["version"]).path != str(Path(trained["path"]).resolve()):
                 raise  # a resumed deploy finds its own registration; anything else is a clash
@@ -168,8 +205,14 @@ class Loop:
             warm_up(self.target.base_model, warm, recipe, progress=self.report.progress("warm-up"))
         version = f"warm-{recipe.key()[:8]}"
         if version not in {c.version for c in self.registry.list()}:
-            self.registry.register(version, "full", warm, str(self.target.base_model), parent=BASE,
-                                   metrics=json.loads((warm / "warmup.json").read_text()))
+            self.registry.register(
+                version,
+                "full",
+                warm,
+                str(self.target.base_model),
+                parent=BASE,
+                metrics=json.loads((warm / "warmup.json").read_text()),
+            )
         return warm, version
 
     def run(self) -> list[dict]:
@@ -194,7 +237,8 @@ class Loop:
             ev = self._phase(f"{t}.eval", lambda: self._eval(t))
             parent = trained["version"]
             seconds = {p: state.done(f"{t}.{p}")["seconds"] for p in PHASES}
-            turns.append({"turn": t, "version": parent, "eval": ev, "rollouts": roll,
-                          "train": trained["metrics"], "seconds": seconds})
+            turns.append(
+                {"turn": t, "version": parent, "eval": ev, "rollouts": roll, "train": trained["metrics"], "seconds": seconds}
+            )
             self.report.turn(turns[-1])
         return turns

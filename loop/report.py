@@ -30,49 +30,73 @@ class Reporter:
 
     def progress(self, label: str):
         """A callback (step, total, loss) that prints every tenth of the way."""
+
         def show(step: int, total: int, loss: float) -> None:
             if step == total or step % max(total // 10, 1) == 0:
                 self.console.print(f"  {label}: step {step}/{total}, loss {loss:.3f}")
+
         return show
 
     def turn(self, t: dict) -> None:
         ev = t["eval"]
-        line = (f"[bold]turn {t['turn']}[/] ({t['version']}): eval reward {ev['reward_mean']:.3f}, "
-                f"exact-solve {ev['exact_solve']:.3f} over {ev['n']} held-back tasks")
+        line = (
+            f"[bold]turn {t['turn']}[/] ({t['version']}): eval reward {ev['reward_mean']:.3f}, "
+            f"exact-solve {ev['exact_solve']:.3f} over {ev['n']} held-back tasks"
+        )
         if t["turn"]:
             gap = t["train"].get("off_policy_gap")
-            line += (f"; {t['rollouts']['n']} rollouts (reward {t['rollouts']['reward_mean']:.3f}), "
-                     f"{t['rollouts']['tokens'] + ev['tokens']} tokens"
-                     + (f", off-policy gap {gap:.4f} nats/token" if gap is not None else ""))
+            line += (
+                f"; {t['rollouts']['n']} rollouts (reward {t['rollouts']['reward_mean']:.3f}), "
+                f"{t['rollouts']['tokens'] + ev['tokens']} tokens"
+                + (f", off-policy gap {gap:.4f} nats/token" if gap is not None else "")
+            )
         self.console.print(line)
         for example_id, reply, reward in ev["examples"]:
             self.console.print(f"  {example_id}: {reply!r} -> {reward:.2f}")
 
     def final(self, result: dict) -> None:
         table = Table(title=f"loop {result['run_id']}: {result['env']} ({result['algo']})")
-        for col in ("turn", "reward", "exact", "rollouts", "tokens", "off-policy gap",
-                    "rollouts s", "export s", "train s", "swap s", "eval s"):
+        for col in (
+            "turn",
+            "reward",
+            "exact",
+            "rollouts",
+            "tokens",
+            "off-policy gap",
+            "rollouts s",
+            "export s",
+            "train s",
+            "swap s",
+            "eval s",
+        ):
             table.add_column(col, justify="right")
         for t in result["turns"]:
             ev, s = t["eval"], t.get("seconds", {})
             gap = (t.get("train") or {}).get("off_policy_gap")
-            table.add_row(str(t["turn"]), f"{ev['reward_mean']:.3f}", f"{ev['exact_solve']:.3f}",
-                          str(t.get("rollouts", {}).get("n", "-")),
-                          str(t.get("rollouts", {}).get("tokens", 0) + ev["tokens"]),
-                          "-" if gap is None else f"{gap:.4f}",
-                          *(f"{s[p]:.1f}" if p in s else "-" for p in ("rollouts", "export", "train", "deploy", "eval")))
+            table.add_row(
+                str(t["turn"]),
+                f"{ev['reward_mean']:.3f}",
+                f"{ev['exact_solve']:.3f}",
+                str(t.get("rollouts", {}).get("n", "-")),
+                str(t.get("rollouts", {}).get("tokens", 0) + ev["tokens"]),
+                "-" if gap is None else f"{gap:.4f}",
+                *(f"{s[p]:.1f}" if p in s else "-" for p in ("rollouts", "export", "train", "deploy", "eval")),
+            )
         self.console.print(table)
         verdict = "[green]improved[/]" if result["improved"] else "[red]did not improve[/]"
         self.console.print(f"{verdict}; plot {result['plot']}; {result['wall_s']:.0f} s in all")
         ui = result["ui"]
-        self.console.print(f"checkpoints, traces and rewards in the browser: {ui['url']} (log in with the "
-                           f"key in {ui['key_file']}){'' if ui['stack_stays_up'] else '; run `flywheel up` first'}")
+        self.console.print(
+            f"checkpoints, traces and rewards in the browser: {ui['url']} (log in with the "
+            f"key in {ui['key_file']}){'' if ui['stack_stays_up'] else '; run `flywheel up` first'}"
+        )
         if self.quiet:
             json.dump(result, sys.stdout, indent=2)
             sys.stdout.write("\n")
 
     def plot(self, turns: list[dict], path: Path, lc) -> None:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 

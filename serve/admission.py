@@ -44,8 +44,7 @@ def micro_usd(prompt: int, completion: int, price: Price | None, cached: int = 0
     if price is None:
         return 0
     cached = min(cached, prompt)
-    return math.ceil((prompt - cached) * price.input_per_mtok + cached * price.cached
-                     + completion * price.output_per_mtok - 1e-9)
+    return math.ceil((prompt - cached) * price.input_per_mtok + cached * price.cached + completion * price.output_per_mtok - 1e-9)
 
 
 def worst_case_tokens(body: dict, prompt_json: bytes | None = None) -> tuple[int, int]:
@@ -71,10 +70,10 @@ def worst_case_tokens(body: dict, prompt_json: bytes | None = None) -> tuple[int
 class Admitted:
     lease: Reservation | None
     budget: Reservation | None
-    prompt_tokens: int = 0       # the worst cases the reservations were made for
+    prompt_tokens: int = 0  # the worst cases the reservations were made for
     completion_tokens: int = 0
     batch_lease: Reservation | None = None
-    discount: float = 0.0        # off the price: a batch line's
+    discount: float = 0.0  # off the price: a batch line's
 
     @property
     def reserved(self) -> bool:
@@ -97,8 +96,9 @@ class Admission:
         self.batch_leases.look()
         self.budgets.look()
 
-    async def admit(self, deployment: str, team: str, model: str, body: dict, batch: bool = False,
-                    worst: tuple[int, int] | None = None) -> Admitted:
+    async def admit(
+        self, deployment: str, team: str, model: str, body: dict, batch: bool = False, worst: tuple[int, int] | None = None
+    ) -> Admitted:
         """``worst``: :func:`worst_case_tokens` of ``body``, when the caller has it already."""
         prompt, completion = worst or worst_case_tokens(body)
         price = self.config.prices.get(model)
@@ -110,8 +110,7 @@ class Admission:
             wants = [w for w in (budget_want, lease_want) if w is not None]
             got = reserve_together(wants)  # the usual case: budget and a free slot, one round trip
             if not isinstance(got, int):
-                return Admitted(got[-1] if lease_want else None, got[0] if budget_want else None,
-                                prompt, completion)
+                return Admitted(got[-1] if lease_want else None, got[0] if budget_want else None, prompt, completion)
             if wants[got] is budget_want:
                 raise self._no_budget(team, prompt + completion, budget_want.b)
         budget = self._reserve_budget(team, budget_want)  # then wait in the queue for a slot
@@ -154,17 +153,25 @@ class Admission:
         want = self._lease_want(deployment, tokens)
         return None if want is None else self.leases.reserve(want.name, want.rid, want.a, want.b, want.limits)
 
-    def _budget_want(self, team: str, price: Price | None, prompt: int, completion: int,
-                     discount: float = 0.0) -> Want | None:
+    def _budget_want(self, team: str, price: Price | None, prompt: int, completion: int, discount: float = 0.0) -> Want | None:
         limit = self.config.budgets.get(team)
         if limit is None:
             return None
         # the worst case: no prompt token cached (unless cheaper)
         cost_micro = max(micro_usd(prompt, completion, price), micro_usd(prompt, completion, price, prompt))
         cost_micro = math.ceil(cost_micro * (1 - discount))
-        return Want(self.budgets, team, _rid("b-"), prompt + completion, cost_micro,
-                    (NO_LIMIT, limit.tokens if limit.tokens is not None else NO_LIMIT,
-                     limit.usd * 1e6 if limit.usd is not None else NO_LIMIT))
+        return Want(
+            self.budgets,
+            team,
+            _rid("b-"),
+            prompt + completion,
+            cost_micro,
+            (
+                NO_LIMIT,
+                limit.tokens if limit.tokens is not None else NO_LIMIT,
+                limit.usd * 1e6 if limit.usd is not None else NO_LIMIT,
+            ),
+        )
 
     def _reserve_budget(self, team: str, want: Want | None) -> Reservation | None:
         if want is None:
@@ -176,9 +183,13 @@ class Admission:
 
     @staticmethod
     def _no_budget(team: str, tokens: int, cost_micro: int) -> APIError:
-        return APIError(429, f"team {team!r} has not enough budget left for this request "
-                             f"(worst case {tokens} tokens, ${cost_micro / 1e6:.6f}); see GET /v1/usage",
-                        type="insufficient_quota", code="insufficient_quota")
+        return APIError(
+            429,
+            f"team {team!r} has not enough budget left for this request "
+            f"(worst case {tokens} tokens, ${cost_micro / 1e6:.6f}); see GET /v1/usage",
+            type="insufficient_quota",
+            code="insufficient_quota",
+        )
 
     async def _lease(self, deployment: str, tokens: int) -> Reservation | None:
         res = self._lease_now(deployment, tokens)
@@ -203,12 +214,17 @@ class Admission:
         raise self._full(deployment, f"no capacity freed within {a.max_queue_wait_s:g} s")
 
     def _full(self, deployment: str, why: str) -> CapacityExceeded:
-        return CapacityExceeded(f"deployment {deployment!r} is at capacity ({why}); retry later",
-                                retry_after_s=max(1, math.ceil(self.config.admission.lease_ttl_s / 3)))
+        return CapacityExceeded(
+            f"deployment {deployment!r} is at capacity ({why}); retry later",
+            retry_after_s=max(1, math.ceil(self.config.admission.lease_ttl_s / 3)),
+        )
 
     def renew(self, admitted: Admitted) -> None:
-        for res, ledger in ((admitted.lease, self.leases), (admitted.budget, self.budgets),
-                            (admitted.batch_lease, self.batch_leases)):
+        for res, ledger in (
+            (admitted.lease, self.leases),
+            (admitted.budget, self.budgets),
+            (admitted.batch_lease, self.batch_leases),
+        ):
             if res is not None:
                 ledger.renew(res)
 
@@ -219,8 +235,7 @@ class Admission:
         call (an error path after the request was settled) changes nothing."""
         lease, res, batch_lease = admitted.lease, admitted.budget, admitted.batch_lease
         admitted.lease = admitted.budget = admitted.batch_lease = None
-        settles = [(ledger, r, 0, 0) for ledger, r in ((self.leases, lease), (self.batch_leases, batch_lease))
-                   if r is not None]
+        settles = [(ledger, r, 0, 0) for ledger, r in ((self.leases, lease), (self.batch_leases, batch_lease)) if r is not None]
         if res is not None:
             cached = 0
             if usage:
@@ -237,9 +252,15 @@ class Admission:
     def usage(self, team: str) -> dict:
         t = self.budgets.totals(team)
         limit = self.config.budgets.get(team)
-        return {"team": team, "spent_tokens": int(t.spent_a), "spent_usd": round(t.spent_b / 1e6, 6),
-                "reserved_tokens": int(t.reserved_a), "in_flight": t.live,
-                "limit_tokens": limit.tokens if limit else None, "limit_usd": limit.usd if limit else None}
+        return {
+            "team": team,
+            "spent_tokens": int(t.spent_a),
+            "spent_usd": round(t.spent_b / 1e6, 6),
+            "reserved_tokens": int(t.reserved_a),
+            "in_flight": t.live,
+            "limit_tokens": limit.tokens if limit else None,
+            "limit_usd": limit.usd if limit else None,
+        }
 
     def leases_held(self, deployment: str) -> tuple[int, int]:
         t = self.leases.totals(deployment)

@@ -43,13 +43,19 @@ from traces.batch_store import BatchStore, FileStore
 from traces.writer import TraceWriter
 
 log = logging.getLogger(__name__)
-ROUTERS = (completions.router, models.router, status.router, trace_query.router, feedback_api.router,
-           batch_api.router, admin.router)
+ROUTERS = (
+    completions.router,
+    models.router,
+    status.router,
+    trace_query.router,
+    feedback_api.router,
+    batch_api.router,
+    admin.router,
+)
 
 
 def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> GatewayParts:
-    writer = writer or TraceWriter(config.traces_dir, config.instance_name,
-                                   config.trace_flush_batch, config.trace_flush_age_s)
+    writer = writer or TraceWriter(config.traces_dir, config.instance_name, config.trace_flush_batch, config.trace_flush_age_s)
     keys = KeyStore(config.keys_file) if config.keys_file else None
     state = SharedState(config.redis_url, replica=config.instance_name)
     routes = RouteTable(config.models, state, config.routes_file)
@@ -58,11 +64,21 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
     metrics = Metrics()
     forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics)
     files, batches = FileStore(config.traces_dir, config.batch.file_ttl_s), BatchStore(config.traces_dir)
-    return GatewayParts(config=config, keys=keys, state=state, routes=routes, admission=admission,
-                        breakers=breakers, metrics=metrics, forwarder=forwarder, writer=writer,
-                        files=files, batches=batches,
-                        batch_runner=BatchRunner(config, batches, files, forwarder, keys),
-                        queries=QueryPool(config.query, config.query_timeout_s, trace_query.spill_root(config)))
+    return GatewayParts(
+        config=config,
+        keys=keys,
+        state=state,
+        routes=routes,
+        admission=admission,
+        breakers=breakers,
+        metrics=metrics,
+        forwarder=forwarder,
+        writer=writer,
+        files=files,
+        batches=batches,
+        batch_runner=BatchRunner(config, batches, files, forwarder, keys),
+        queries=QueryPool(config.query, config.query_timeout_s, trace_query.spill_root(config)),
+    )
 
 
 def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> FastAPI:
@@ -72,8 +88,11 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     async def lifespan(app: FastAPI):
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
         app.state.http = upstream_client(httpx.Timeout(config.upstream_timeout_s, connect=5), limits)
-        follower = (asyncio.create_task(_follow_routes(gw.routes, gw.state, gw.admission, config.routes_poll_s))
-                    if config.redis_url else None)
+        follower = (
+            asyncio.create_task(_follow_routes(gw.routes, gw.state, gw.admission, config.routes_poll_s))
+            if config.redis_url
+            else None
+        )
         scheduler = asyncio.create_task(gw.batch_runner.run())
         yield
         scheduler.cancel()
@@ -99,8 +118,9 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     return app
 
 
-async def _follow_routes(routes: RouteTable, state: SharedState, admission: Admission, poll_s: float,
-                         beat_s: float = 1.0) -> None:
+async def _follow_routes(
+    routes: RouteTable, state: SharedState, admission: Admission, poll_s: float, beat_s: float = 1.0
+) -> None:
     """Take up alias changes made through other replicas; every ``beat_s`` say this replica is
     alive and look at the shared ledgers (a Redis outage's share is taken from that sight)."""
     last_beat = 0.0

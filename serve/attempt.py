@@ -55,7 +55,7 @@ class Renewals:
 @dataclass
 class Attempt:
     deployment: Deployment
-    operation: str                  # "chat" | "text_completion" | "generate"
+    operation: str  # "chat" | "text_completion" | "generate"
     rewrite: Rewrite
     capture: Capture
     admitted: Admitted

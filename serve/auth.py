@@ -71,6 +71,7 @@ def authenticate_headers(headers: Mapping[str, str], config: GatewayConfig, keys
     if caller is not None:
         return caller
     if config.require_api_key:
-        raise _invalid_key("Incorrect API key provided." if key else
-                           "You didn't provide an API key (Authorization: Bearer <key>).")
+        raise _invalid_key(
+            "Incorrect API key provided." if key else "You didn't provide an API key (Authorization: Bearer <key>)."
+        )
     return Caller(team="default", key_id=None, anonymous=True)

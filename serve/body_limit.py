@@ -14,11 +14,21 @@ class BodyTooLarge(Exception):
 
 
 def too_large(limit: int) -> tuple[dict, bytes]:
-    body = json.dumps({"error": {"message": f"the request body is larger than {limit} bytes "
-                                            "(gateway.max_body_bytes)", "type": "invalid_request_error",
-                                 "param": None, "code": "request_too_large"}}).encode()
-    start = {"type": "http.response.start", "status": 413,
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"the request body is larger than {limit} bytes (gateway.max_body_bytes)",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "request_too_large",
+            }
+        }
+    ).encode()
+    start = {
+        "type": "http.response.start",
+        "status": 413,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    }
     return start, body
 
 

@@ -114,9 +114,12 @@ class Breakers:
 
     def record(self, dep: str, ok: bool) -> str:
         """Count one outcome; returns the breaker state after it."""
-        shared = self.state.run("record", _RECORD, self._keys(dep),
-                                ["1" if ok else "0", self.cfg.window_s, self.cfg.min_requests,
-                                 self.cfg.error_rate, os.urandom(6).hex()])
+        shared = self.state.run(
+            "record",
+            _RECORD,
+            self._keys(dep),
+            ["1" if ok else "0", self.cfg.window_s, self.cfg.min_requests, self.cfg.error_rate, os.urandom(6).hex()],
+        )
         if shared is not LOCAL:
             self._heard(dep, shared == CLOSED)
             return shared
@@ -131,8 +134,7 @@ class Breakers:
             b["errors"] += not ok
             while events[0][0] <= now - self.cfg.window_s:
                 b["errors"] -= not events.popleft()[1]
-            if b["state"] == CLOSED and len(events) >= self.cfg.min_requests \
-                    and b["errors"] / len(events) >= self.cfg.error_rate:
+            if b["state"] == CLOSED and len(events) >= self.cfg.min_requests and b["errors"] / len(events) >= self.cfg.error_rate:
                 b.update(state=OPEN, opened_at=now)
             return b["state"]
 

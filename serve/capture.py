@@ -38,21 +38,21 @@ class RequestContext:
     """Who asked, for which trajectory: filled from the request before it is forwarded."""
 
     trace_id: str
-    operation: str                  # "chat" | "text_completion"
-    body: dict[str, Any]            # the client's request as received
+    operation: str  # "chat" | "text_completion"
+    body: dict[str, Any]  # the client's request as received
     alias: str
     upstream_model: str
     checkpoint_version: str
     deployment: str
     team: str = "default"
     api_key_id: str | None = None
-    admin: bool = False              # the admin key: may see which worker served it (nvext)
+    admin: bool = False  # the admin key: may see which worker served it (nvext)
     session_id: str | None = None
     parent_trace_id: str | None = None
     env_id: str | None = None
     example_id: str | None = None
     rollout_id: str | None = None
-    batch_id: str | None = None      # a Batch API line: its batch and custom_id
+    batch_id: str | None = None  # a Batch API line: its batch and custom_id
     custom_id: str | None = None
     # the prompt (messages, or a completion's prompt) as the client wrote it, when the hot path
     # kept it: passed upstream and stored as these bytes, never written out again
@@ -67,14 +67,19 @@ class RequestContext:
         return f"{self.team}/{self.session_id}" if self.session_id else None
 
     @classmethod
-    def for_route(cls, route: ModelRoute | None, trace_id: str, operation: str, body: dict,
-                  **who: str | None) -> RequestContext:
+    def for_route(cls, route: ModelRoute | None, trace_id: str, operation: str, body: dict, **who: str | None) -> RequestContext:
         """A context for ``body``, with what its model's route says (``route`` is the routing
         table's entry, or None for an unknown model: forwarding then answers 404)."""
-        return cls(trace_id=trace_id, operation=operation, body=body, alias=body["model"],
-                   upstream_model=route.upstream_model if route else None,
-                   checkpoint_version=route.checkpoint_version if route else None,
-                   deployment=route.deployment if route else None, **who)
+        return cls(
+            trace_id=trace_id,
+            operation=operation,
+            body=body,
+            alias=body["model"],
+            upstream_model=route.upstream_model if route else None,
+            checkpoint_version=route.checkpoint_version if route else None,
+            deployment=route.deployment if route else None,
+            **who,
+        )
 
 
 class Capture:
@@ -131,7 +136,7 @@ class Capture:
         self.completion_ids.extend(int(i) for i in ids)
         if nvext.get("engine_data"):
             self.engine_data = nvext["engine_data"]
-        worker = (nvext.get("worker_id") or {})
+        worker = nvext.get("worker_id") or {}
         if worker.get("decode_worker_id") is not None:
             self.worker_id = str(worker["decode_worker_id"])
         for choice in obj.get("choices") or []:
@@ -155,9 +160,9 @@ class Capture:
             self._last_token_mono = mono
 
     def _merge_tool_call(self, tc: dict) -> None:
-        slot = self.tool_calls.setdefault(tc.get("index", len(self.tool_calls)),
-                                          {"id": None, "type": "function",
-                                           "function": {"name": "", "arguments": ""}})
+        slot = self.tool_calls.setdefault(
+            tc.get("index", len(self.tool_calls)), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
         slot["id"] = tc.get("id") or slot["id"]
         fn = tc.get("function") or {}
         slot["function"]["name"] += fn.get("name") or ""
@@ -167,7 +172,7 @@ class Capture:
     def _read_logprobs(self, lp: dict | None) -> None:
         if not lp:
             return
-        if lp.get("content") is not None:       # chat shape
+        if lp.get("content") is not None:  # chat shape
             self.logprobs.extend(float(e["logprob"]) for e in lp["content"])
         elif lp.get("token_logprobs") is not None:  # legacy completions shape
             self.logprobs.extend(float(x) for x in lp["token_logprobs"] if x is not None)
@@ -187,41 +192,68 @@ class Capture:
         usage = self.usage or {}
         prompt = body.get("messages") if c.operation == "chat" else body.get("prompt")
         return TraceRecord(
-            trace_id=c.trace_id, gen_ai_conversation_id=c.session_id,
-            parent_trace_id=c.parent_trace_id, team=c.team, api_key_id=c.api_key_id,
-            gen_ai_operation_name=c.operation, gen_ai_request_model=c.alias,
-            gen_ai_response_model=c.upstream_model, checkpoint_version=c.checkpoint_version,
-            deployment=c.deployment, worker_id=self.worker_id,
-            gen_ai_response_id=self.response_id, stream=bool(body.get("stream")),
+            trace_id=c.trace_id,
+            gen_ai_conversation_id=c.session_id,
+            parent_trace_id=c.parent_trace_id,
+            team=c.team,
+            api_key_id=c.api_key_id,
+            gen_ai_operation_name=c.operation,
+            gen_ai_request_model=c.alias,
+            gen_ai_response_model=c.upstream_model,
+            checkpoint_version=c.checkpoint_version,
+            deployment=c.deployment,
+            worker_id=self.worker_id,
+            gen_ai_response_id=self.response_id,
+            stream=bool(body.get("stream")),
             gen_ai_input_messages=c.prompt_json.decode() if c.prompt_json is not None else text(prompt),
             gen_ai_tool_definitions=text(body["tools"]) if body.get("tools") else None,
             tool_choice=text(body["tool_choice"]) if body.get("tool_choice") else None,
             sampling_params=text(_sampling(body)),
             response_content="".join(self.content) if self.content else None,
             response_reasoning="".join(self.reasoning) if self.reasoning else None,
-            response_tool_calls=text([self.tool_calls[i] for i in sorted(self.tool_calls)])
-            if self.tool_calls else None,
+            response_tool_calls=text([self.tool_calls[i] for i in sorted(self.tool_calls)]) if self.tool_calls else None,
             finish_reason=self.finish_reason,
             prompt_token_ids=self.engine_data.get("prompt_token_ids"),
             completion_token_ids=completion_ids,
             completion_logprobs=self.logprobs or self.engine_data.get("completion_logprobs"),
-            time_received=c.received, time_admitted=self.admitted,
-            time_first_token=self.first_token, time_done=done,
+            time_received=c.received,
+            time_admitted=self.admitted,
+            time_first_token=self.first_token,
+            time_done=done,
             queue_wait_ms=_ms(c.received, self.admitted),
-            ttft_ms=_ms(c.received, self.first_token), mean_itl_ms=itl,
+            ttft_ms=_ms(c.received, self.first_token),
+            mean_itl_ms=itl,
             gen_ai_usage_input_tokens=usage.get("prompt_tokens"),
             gen_ai_usage_output_tokens=usage.get("completion_tokens"),
             gen_ai_usage_cache_read_input_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-            http_status=http_status, error=error,
+            http_status=http_status,
+            error=error,
             outcome=outcome.value if outcome is not None else None,
-            env_id=c.env_id, example_id=c.example_id, rollout_id=c.rollout_id,
-            batch_id=c.batch_id, custom_id=c.custom_id,
+            env_id=c.env_id,
+            example_id=c.example_id,
+            rollout_id=c.rollout_id,
+            batch_id=c.batch_id,
+            custom_id=c.custom_id,
         ).as_dict()
 
 
-_SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
-                  "seed", "stop", "presence_penalty", "frequency_penalty", "n", "logprobs",
-                  "top_logprobs", "parallel_tool_calls", "response_format")
+_SAMPLING_KEYS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "parallel_tool_calls",
+    "response_format",
+)
 
 
 def _sampling(body: dict) -> dict:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class StrictModel(BaseModel):
     """Configuration (and admin request bodies): an unknown key is an error, not ignored."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -18,31 +19,39 @@ class Deployment(StrictModel):
 
     name: str
     url: str = Field(description="base URL of the deployment's frontend, e.g. http://127.0.0.1:8100")
-    admin_urls: list[str] = Field(default_factory=list,
-                                  description="workers' engine admin servers (LoRA load, weights)")
-    max_model_len: int | None = Field(None, ge=1, description="the engines' context length: longer "
-                                                              "requests are refused with a 400 up front")
-    model_path: str | None = Field(None, description="the checkpoint the workers start on (an in-place "
-                                                     "reload is checked against it and rolled back to it)")
+    admin_urls: list[str] = Field(default_factory=list, description="workers' engine admin servers (LoRA load, weights)")
+    max_model_len: int | None = Field(
+        None, ge=1, description="the engines' context length: longer requests are refused with a 400 up front"
+    )
+    model_path: str | None = Field(
+        None, description="the checkpoint the workers start on (an in-place reload is checked against it and rolled back to it)"
+    )
 
 
 class ModelRoute(StrictModel):
     """What a public model name (an alias) maps to right now."""
 
     deployment: str
-    fallbacks: list[str] = Field(default_factory=list,
-                                 description="deployments serving the same model, tried in order on failure")
+    fallbacks: list[str] = Field(
+        default_factory=list, description="deployments serving the same model, tried in order on failure"
+    )
     upstream_model: str = Field(description="model name the deployment serves (base or LoRA)")
     checkpoint_version: str = "base"
-    lora_path: str | None = Field(None, description="the adapter's directory when upstream_model is a "
-                                                    "LoRA, so a restarted worker can load it again")
-    weight_dir: str | None = Field(None, description="the full weights reloaded in place into the "
-                                                     "deployment, under the adapter for a LoRA "
-                                                     "(None: the ones it started on)")
-    created: int = Field(default_factory=lambda: int(time.time()),
-                         description="when the alias last changed what it serves (unix seconds)")
-    teams: list[str] | None = Field(None, description="the teams that may see and call this alias (a "
-                                    "team's own fine-tuned checkpoint); None: every team")
+    lora_path: str | None = Field(
+        None, description="the adapter's directory when upstream_model is a LoRA, so a restarted worker can load it again"
+    )
+    weight_dir: str | None = Field(
+        None,
+        description="the full weights reloaded in place into the "
+        "deployment, under the adapter for a LoRA "
+        "(None: the ones it started on)",
+    )
+    created: int = Field(
+        default_factory=lambda: int(time.time()), description="when the alias last changed what it serves (unix seconds)"
+    )
+    teams: list[str] | None = Field(
+        None, description="the teams that may see and call this alias (a team's own fine-tuned checkpoint); None: every team"
+    )
 
     def serves(self, team: str, admin: bool = False) -> bool:
         """Whether ``team`` may see and call this alias."""
@@ -51,12 +60,14 @@ class ModelRoute(StrictModel):
 
 class ToolsConfig(StrictModel):
     """How tool calls are constrained (see serve/tools/)."""
+
     layout: Literal["glm47", "glm45"] = Field("glm47", description="GLM tool-call layout the model writes")
     max_string_length: int = Field(4096, description="bound for string arguments the schema leaves unbounded")
     max_array_items: int = Field(256, description="bound for arrays the schema leaves unbounded")
     max_tools: int = Field(128, ge=1, description="tools in one request (OpenAI's limit)")
-    max_tools_bytes: int = Field(512 << 10, ge=1024, description="the JSON of one request's tools: each "
-                                 "new schema costs ~4 ms to check (~6 s per MB)")
+    max_tools_bytes: int = Field(
+        512 << 10, ge=1024, description="the JSON of one request's tools: each new schema costs ~4 ms to check (~6 s per MB)"
+    )
     max_schema_depth: int = Field(32, ge=4, description="nesting of the tools' JSON")
 
 
@@ -90,13 +101,16 @@ class Budget(StrictModel):
 
 class Price(StrictModel):
     """USD per 1M tokens, as `/v1/models` shows it and `/v1/usage` charges it."""
+
     input_per_mtok: float = Field(0.0, ge=0)
     output_per_mtok: float = Field(0.0, ge=0)
     cached_input_per_mtok: float | None = Field(
-        None, ge=0, description="prompt tokens served from the prefix cache; None: the input price")
+        None, ge=0, description="prompt tokens served from the prefix cache; None: the input price"
+    )
 
-    batch_discount: float = Field(0.0, ge=0, le=1, description="fraction taken off what batch lines "
-                                  "cost (0.5: half price), in budgets and /v1/usage")
+    batch_discount: float = Field(
+        0.0, ge=0, le=1, description="fraction taken off what batch lines cost (0.5: half price), in budgets and /v1/usage"
+    )
 
     @property
     def cached(self) -> float:
@@ -105,22 +119,39 @@ class Price(StrictModel):
 
 class BatchConfig(StrictModel):
     """The Batch API (serve/batch/): limits on an input file, and how lines are scheduled."""
+
     max_lines: int = Field(50_000, ge=1, description="lines in one batch input file")
-    max_file_bytes: int = Field(32 << 20, ge=1, description="size of one uploaded file (also bounded by "
-                                "gateway.max_body_bytes)")
-    max_team_bytes: int = Field(1 << 30, ge=1, description="a team's uploaded files together: the disk "
-                                "the trace spool needs is not one team's to fill")
-    file_ttl_s: float = Field(30 * 86400, gt=0, description="files (uploads, outputs) are deleted this long "
-                              "after they were made")
-    concurrency: int = Field(4, ge=1, description="batch lines in flight on this replica while no interactive "
-                             "request is being served (on the sim profile 4 already matches the direct path's "
-                             "best throughput)")
-    busy_concurrency: int = Field(1, ge=1, description="a model's batch lines in flight on this replica while "
-                                  "interactive requests for it are being served (serve/batch/lanes.py)")
-    interactive_hold_s: float = Field(2.0, gt=0, description="a model counts as serving interactive traffic "
-                                      "this long after any replica admitted an interactive request for it")
-    share: float = Field(0.5, gt=0, le=1, description="of a deployment's capacity.max_requests, the most "
-                         "batch lines may hold; they never queue for a slot an interactive request waits for")
+    max_file_bytes: int = Field(32 << 20, ge=1, description="size of one uploaded file (also bounded by gateway.max_body_bytes)")
+    max_team_bytes: int = Field(
+        1 << 30, ge=1, description="a team's uploaded files together: the disk the trace spool needs is not one team's to fill"
+    )
+    file_ttl_s: float = Field(30 * 86400, gt=0, description="files (uploads, outputs) are deleted this long after they were made")
+    concurrency: int = Field(
+        4,
+        ge=1,
+        description="batch lines in flight on this replica while no interactive "
+        "request is being served (on the sim profile 4 already matches the direct path's "
+        "best throughput)",
+    )
+    busy_concurrency: int = Field(
+        1,
+        ge=1,
+        description="a model's batch lines in flight on this replica while "
+        "interactive requests for it are being served (serve/batch/lanes.py)",
+    )
+    interactive_hold_s: float = Field(
+        2.0,
+        gt=0,
+        description="a model counts as serving interactive traffic "
+        "this long after any replica admitted an interactive request for it",
+    )
+    share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="of a deployment's capacity.max_requests, the most "
+        "batch lines may hold; they never queue for a slot an interactive request waits for",
+    )
     chunk_lines: int = Field(64, ge=1, description="lines a replica leases at once")
     lease_ttl_s: float = Field(30.0, gt=0, description="a dead replica's leased lines are taken over after this")
     poll_s: float = Field(0.2, gt=0, description="how often the scheduler looks for work and cancels")
@@ -129,11 +160,15 @@ class BatchConfig(StrictModel):
 
 class UIConfig(StrictModel):
     """The trace browser at /ui (serve/ui/)."""
+
     enabled: bool = True
     session_ttl_s: float = Field(8 * 3600, gt=0, description="a login lasts this long")
-    secret_file: str | None = Field(None, description="signs session cookies (made on first use, mode "
-                                    "0600); replicas sharing it share logins. None: a new secret per "
-                                    "process, so a restart logs everyone out")
+    secret_file: str | None = Field(
+        None,
+        description="signs session cookies (made on first use, mode "
+        "0600); replicas sharing it share logins. None: a new secret per "
+        "process, so a restart logs everyone out",
+    )
     page_size: int = Field(50, ge=1, le=1000, description="traces per page")
     sql_max_rows: int = Field(1000, ge=1, description="rows the SQL console shows (downloads: 1M)")
 
@@ -141,56 +176,75 @@ class UIConfig(StrictModel):
 class QueryConfig(StrictModel):
     """SQL over the trace store (`/v1/traces/query` and the trace browser), run in worker
     processes so that no query can take the gateway's memory or event loop (serve/query_pool.py)."""
+
     workers: int = Field(2, ge=1, description="queries run at once on this replica; more wait, within their deadline")
-    memory_mb: int = Field(2048, ge=768, description="a worker's data segment (RLIMIT_DATA): a query "
-                           "that needs more is refused with 413, and the gateway is untouched")
-    max_result_bytes: int = Field(64 << 20, ge=1 << 16, description="a query's answer (JSON, a page, "
-                                  "a download): a longer result is cut and says truncated, or is a 413")
-    spill_dir: str | None = Field(None, description="where DuckDB spills what does not fit its memory; "
-                                  "None: the system's temporary directory, never the trace spool's disk")
+    memory_mb: int = Field(
+        2048,
+        ge=768,
+        description="a worker's data segment (RLIMIT_DATA): a query "
+        "that needs more is refused with 413, and the gateway is untouched",
+    )
+    max_result_bytes: int = Field(
+        64 << 20,
+        ge=1 << 16,
+        description="a query's answer (JSON, a page, a download): a longer result is cut and says truncated, or is a 413",
+    )
+    spill_dir: str | None = Field(
+        None,
+        description="where DuckDB spills what does not fit its memory; "
+        "None: the system's temporary directory, never the trace spool's disk",
+    )
     max_spill_mb: int = Field(1024, ge=0, description="the most a query may spill (0: never spill)")
-    grace_s: float = Field(2.0, gt=0, description="past the deadline, a worker that has not answered is "
-                           "killed after this")
-    niceness: int = Field(10, ge=0, le=19, description="the workers' CPU priority below the gateway's (nice): "
-                          "on a busy host, analytics waits for serving, not serving for analytics")
+    grace_s: float = Field(2.0, gt=0, description="past the deadline, a worker that has not answered is killed after this")
+    niceness: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="the workers' CPU priority below the gateway's (nice): "
+        "on a busy host, analytics waits for serving, not serving for analytics",
+    )
 
 
 class GatewayConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = 8000
-    allowed_hosts: list[str] = Field(default_factory=list, description="names a browser may reach the "
-                                     "gateway by, besides loopback and host (a proxy's name; serve/cross_site.py)")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="names a browser may reach the gateway by, besides loopback and host (a proxy's name; serve/cross_site.py)",
+    )
     deployments: list[Deployment] = Field(default_factory=list)
-    models: dict[str, ModelRoute] = Field(default_factory=dict, description="alias -> route (the start "
-                                          "value; once an alias moves, routes_file and Redis hold the table)")
+    models: dict[str, ModelRoute] = Field(
+        default_factory=dict,
+        description="alias -> route (the start value; once an alias moves, routes_file and Redis hold the table)",
+    )
     routes_file: str | None = Field(None, description="where the alias table is kept across restarts")
-    routes_poll_s: float = Field(0.2, description="with Redis: how often a replica looks for alias "
-                                                  "changes made through another")
+    routes_poll_s: float = Field(0.2, description="with Redis: how often a replica looks for alias changes made through another")
     traces_dir: str = "traces"
-    instance: str | None = Field(None, description="this replica's name; names its trace spool "
-                                 "(must be stable across restarts); default gateway-<port>")
+    instance: str | None = Field(
+        None, description="this replica's name; names its trace spool (must be stable across restarts); default gateway-<port>"
+    )
     keys_file: str | None = Field(None, description="hashed API keys (flywheel keys ...)")
     require_api_key: bool = Field(False, description="refuse calls without a valid team key")
-    query_timeout_s: float = Field(30.0, gt=0, description="a SQL query's deadline, from its arrival to "
-                                   "its whole answer")
+    query_timeout_s: float = Field(30.0, gt=0, description="a SQL query's deadline, from its arrival to its whole answer")
     query: QueryConfig = QueryConfig()
     admin_key: str | None = Field(None, description="bearer key for /admin routes; None disables them")
     upstream_timeout_s: float = 600.0
-    max_body_bytes: int = Field(32 << 20, description="larger request bodies get 413 before they are read "
-                                                      "(a 140K-token agentic prompt is ~1 MB of JSON)")
+    max_body_bytes: int = Field(
+        32 << 20, description="larger request bodies get 413 before they are read (a 140K-token agentic prompt is ~1 MB of JSON)"
+    )
     tools: ToolsConfig = ToolsConfig()
     redis_url: str | None = Field(None, description="shared state for several replicas; None = one replica")
     capacity: dict[str, Capacity] = Field(default_factory=dict, description="deployment -> capacity")
     admission: AdmissionConfig = AdmissionConfig()
     breaker: BreakerConfig = BreakerConfig()
     budgets: dict[str, Budget] = Field(default_factory=dict, description="team -> spend limit")
-    spend_file: str | None = Field(None, description="without Redis: where this replica keeps each "
-                                                     "team's spend across restarts")
+    spend_file: str | None = Field(None, description="without Redis: where this replica keeps each team's spend across restarts")
     prices: dict[str, Price] = Field(default_factory=dict, description="model alias -> price per 1M tokens")
     batch: BatchConfig = BatchConfig()
     ui: UIConfig = UIConfig()
-    checkpoints_file: str | None = Field(None, description="the checkpoint registry the trace browser "
-                                         "shows lineage from (flywheel checkpoint ...)")
+    checkpoints_file: str | None = Field(
+        None, description="the checkpoint registry the trace browser shows lineage from (flywheel checkpoint ...)"
+    )
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = 1.0

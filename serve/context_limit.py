@@ -21,10 +21,14 @@ from serve.errors import APIError
 
 
 def _overflow(max_model_len: int, prompt_len: int, wanted: int, at_least: bool, param: str) -> APIError:
-    return APIError(400, f"This model's maximum context length is {max_model_len} tokens; you asked for "
-                         f"{'at least ' if at_least else ''}{prompt_len + wanted} ({prompt_len} in the prompt, "
-                         f"{wanted} to complete). Shorten the prompt or lower max_tokens.",
-                    param=param, code="context_length_exceeded")
+    return APIError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens; you asked for "
+        f"{'at least ' if at_least else ''}{prompt_len + wanted} ({prompt_len} in the prompt, "
+        f"{wanted} to complete). Shorten the prompt or lower max_tokens.",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def check_counts(body: dict, max_model_len: int | None) -> None:
@@ -38,9 +42,12 @@ def check_counts(body: dict, max_model_len: int | None) -> None:
     if prompt_len and prompt_len + (wanted or 1) > max_model_len:
         raise _overflow(max_model_len, prompt_len, wanted or 1, at_least=False, param="prompt")
     if wanted and wanted >= max_model_len:
-        raise APIError(400, f"This model's maximum context length is {max_model_len} tokens; {param} = "
-                            f"{wanted} leaves no room for the prompt.", param=param,
-                       code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens; {param} = {wanted} leaves no room for the prompt.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def prompt_texts(body: dict) -> list[str]:
@@ -94,8 +101,7 @@ def check_text(body: dict, max_model_len: int, model_path: str | None) -> None:
             break
     if prompt_len + wanted > max_model_len:
         chat = isinstance(body.get("messages"), list)
-        raise _overflow(max_model_len, prompt_len, wanted, at_least=chat or not whole,
-                        param="messages" if chat else "prompt")
+        raise _overflow(max_model_len, prompt_len, wanted, at_least=chat or not whole, param="messages" if chat else "prompt")
 
 
 SLICE_CHARS = 64 << 10
@@ -124,8 +130,10 @@ def _pieces(text: str) -> list[str]:
     while len(text) - start > SLICE_CHARS:
         cut = max(text.rfind(" ", start + 1, start + SLICE_CHARS), text.rfind("\n", start + 1, start + SLICE_CHARS))
         if cut <= start:
-            cut = min((i for i in (text.find(" ", start + SLICE_CHARS), text.find("\n", start + SLICE_CHARS))
-                       if i > 0), default=len(text))
+            cut = min(
+                (i for i in (text.find(" ", start + SLICE_CHARS), text.find("\n", start + SLICE_CHARS)) if i > 0),
+                default=len(text),
+            )
         pieces.append(text[start:cut])
         start = cut
     pieces.append(text[start:])

@@ -45,8 +45,10 @@ class CrossSite:
         if origin is None and fetch_site is None:
             return None  # not a browser
         if _name(host) not in self.hosts:
-            return _refused(f"this gateway does not answer to the host {host!r} from a browser "
-                            "(gateway.allowed_hosts lists the names it does)")
+            return _refused(
+                f"this gateway does not answer to the host {host!r} from a browser "
+                "(gateway.allowed_hosts lists the names it does)"
+            )
         if scope["method"] in SAFE_METHODS:
             return None
         if fetch_site == "cross-site" or (origin is not None and _origin_host(origin) != (host or "").lower()):

@@ -65,15 +65,17 @@ async def _listed(http: httpx.AsyncClient, dep: Deployment, name: str) -> bool:
     return any(m.get("id") == name for m in models)
 
 
-async def _wait_listed(http: httpx.AsyncClient, dep: Deployment, name: str, present: bool,
-                       timeout_s: float = 60.0) -> None:
+async def _wait_listed(http: httpx.AsyncClient, dep: Deployment, name: str, present: bool, timeout_s: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         if await _listed(http, dep, name) == present:
             return
         if asyncio.get_running_loop().time() > deadline:
-            raise APIError(504, f"{name!r} did not {'appear in' if present else 'leave'} {dep.url}/v1/models "
-                                f"within {timeout_s:.0f} s", type="server_error")
+            raise APIError(
+                504,
+                f"{name!r} did not {'appear in' if present else 'leave'} {dep.url}/v1/models within {timeout_s:.0f} s",
+                type="server_error",
+            )
         await asyncio.sleep(0.1)
 
 
@@ -86,16 +88,18 @@ async def load_lora(request: Request, gw: GatewayParts = Depends(parts)):
     gw.require_admin(request)
     req = await parse_body(request, LoadLora)
     if not Path(req.lora_path).is_dir():
-        raise APIError(400, f"lora_path {req.lora_path!r} is not a directory on the serving host",
-                       param="lora_path")
+        raise APIError(400, f"lora_path {req.lora_path!r} is not a directory on the serving host", param="lora_path")
     dep = pick_deployment(gw.config, req.deployment, gw.routes)
     http = request.app.state.http
     path = str(Path(req.lora_path).resolve())
     await on_workers(http, dep, "POST", LORA_ROUTE, lora_load_body(req.lora_name, path))
     await _wait_listed(http, dep, req.lora_name, present=True)
-    gw.routes[req.lora_name] = ModelRoute(deployment=dep.name, upstream_model=req.lora_name,
-                                          checkpoint_version=req.checkpoint_version or req.lora_name,
-                                          lora_path=path)
+    gw.routes[req.lora_name] = ModelRoute(
+        deployment=dep.name,
+        upstream_model=req.lora_name,
+        checkpoint_version=req.checkpoint_version or req.lora_name,
+        lora_path=path,
+    )
     return {"status": "success", "lora_name": req.lora_name, "workers": len(dep.admin_urls)}
 
 
@@ -106,12 +110,16 @@ async def unload_lora(request: Request, gw: GatewayParts = Depends(parts)):
     req = await parse_body(request, UnloadLora)
     in_use = sorted(a for a, r in gw.routes.items() if r.upstream_model == req.lora_name and a != req.lora_name)
     if in_use:
-        raise APIError(409, f"{req.lora_name!r} still serves alias(es) {in_use}; move them first",
-                       param="lora_name")
+        raise APIError(409, f"{req.lora_name!r} still serves alias(es) {in_use}; move them first", param="lora_name")
     dep = pick_deployment(gw.config, req.deployment, gw.routes)
     if not await _listed(request.app.state.http, dep, req.lora_name):
-        raise APIError(404, f"no adapter {req.lora_name!r} is loaded on deployment {dep.name!r}",
-                       type="not_found_error", param="lora_name", code="model_not_found")
+        raise APIError(
+            404,
+            f"no adapter {req.lora_name!r} is loaded on deployment {dep.name!r}",
+            type="not_found_error",
+            param="lora_name",
+            code="model_not_found",
+        )
     await on_workers(request.app.state.http, dep, "DELETE", f"/v1/loras/{quote(req.lora_name, safe='')}")
     gw.routes.pop(req.lora_name, None)
     return {"status": "success", "lora_name": req.lora_name}

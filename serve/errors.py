@@ -13,15 +13,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+    def __init__(
+        self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers: dict[str, str] = {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
@@ -37,16 +37,18 @@ class CapacityExceeded(APIError):
 
 
 def model_not_found(model: str) -> APIError:
-    return APIError(404, f"The model `{model}` does not exist or you do not have access to it.",
-                    param="model", code="model_not_found")
+    return APIError(
+        404, f"The model `{model}` does not exist or you do not have access to it.", param="model", code="model_not_found"
+    )
 
 
 def invalid_request(errors: list[dict]) -> APIError:
     """A 400 naming the first problem pydantic found (in a request body or a model)."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
-        return APIError(400, "We could not parse the JSON body of your request. "
-                             f"({first.get('ctx', {}).get('error', 'invalid JSON')})")
+        return APIError(
+            400, f"We could not parse the JSON body of your request. ({first.get('ctx', {}).get('error', 'invalid JSON')})"
+        )
     param = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and not _union_tag(p)) or None
     msg = first.get("msg", "invalid request")
     if first.get("type") == "missing":
@@ -81,5 +83,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):
-        return APIError(500, f"Internal error in the gateway: {type(exc).__name__}: {exc}",
-                        type="server_error").response()
+        return APIError(500, f"Internal error in the gateway: {type(exc).__name__}: {exc}", type="server_error").response()

@@ -43,8 +43,7 @@ class FeedbackBatch(BaseModel):
 
 def save_feedback(traces_dir: str, caller, items: list[FeedbackItem]) -> list[str]:
     """Store feedback as ``caller``'s team (the API and the trace browser both come here)."""
-    return write_feedback(traces_dir, [{**i.model_dump(), "team": caller.team, "api_key_id": caller.key_id}
-                                       for i in items])
+    return write_feedback(traces_dir, [{**i.model_dump(), "team": caller.team, "api_key_id": caller.key_id} for i in items])
 
 
 router = APIRouter()
@@ -55,10 +54,8 @@ async def post_feedback(request: Request, gw: GatewayParts = Depends(parts)):
     caller = gw.caller(request)
     body, _ = request_object(await request.body())
     try:  # a batch is an object whose key is "feedback"; anything else is one item
-        items = (FeedbackBatch.model_validate(body).feedback if "feedback" in body
-                 else [FeedbackItem.model_validate(body)])
+        items = FeedbackBatch.model_validate(body).feedback if "feedback" in body else [FeedbackItem.model_validate(body)]
     except ValidationError as exc:
         raise invalid_request(exc.errors()) from None
     ids = await run_in_threadpool(save_feedback, gw.config.traces_dir, caller, items)
-    return {"object": "list", "data": [{"id": fid, "trace_id": i.trace_id}
-                                       for fid, i in zip(ids, items)]}
+    return {"object": "list", "data": [{"id": fid, "trace_id": i.trace_id} for fid, i in zip(ids, items)]}

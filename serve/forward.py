@@ -51,14 +51,21 @@ class Stream:
 
 
 class Forwarder:
-    def __init__(self, config: GatewayConfig, routes: MutableMapping[str, ModelRoute], writer: TraceWriter,
-                 admission: Admission, breakers: Breakers, affinity: Affinity, metrics: Metrics):
+    def __init__(
+        self,
+        config: GatewayConfig,
+        routes: MutableMapping[str, ModelRoute],
+        writer: TraceWriter,
+        admission: Admission,
+        breakers: Breakers,
+        affinity: Affinity,
+        metrics: Metrics,
+    ):
         self.config, self.routes, self.admission, self.metrics = config, routes, admission, metrics
         self.chooser = Chooser(breakers, affinity)
         self.settler = Settler(writer, admission, breakers, metrics, config.admission.lease_ttl_s / 3)
         self.bounds = Bounds(config.tools.max_string_length, config.tools.max_array_items)
-        self.tool_limits = ToolLimits(config.tools.max_tools, config.tools.max_tools_bytes,
-                                      config.tools.max_schema_depth)
+        self.tool_limits = ToolLimits(config.tools.max_tools, config.tools.max_tools_bytes, config.tools.max_schema_depth)
         self.pool = UpstreamPool(read_timeout=config.upstream_timeout_s)
         self.turns = TeamTurns()
 
@@ -78,19 +85,18 @@ class Forwarder:
         capture = Capture(ctx)
         # compiling a grammar can take a while for a large schema: not on the event loop
         grammar = await self.turns.run(ctx.team, grammar_for, tool_req, self.config.tools.layout) if tool_req else None
-        rewrite = Rewrite(body, operation, route.upstream_model, grammar, ctx.prompt_json, ctx.team,
-                          admin=ctx.admin)
+        rewrite = Rewrite(body, operation, route.upstream_model, grammar, ctx.prompt_json, ctx.team, admin=ctx.admin)
         headers = {"X-Trace-ID": ctx.trace_id}
-        last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)",
-                              type="server_error")
+        last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)", type="server_error")
         last_outcome = Outcome.REJECTED
         for dep_name in self.chooser.order(route, ctx.scoped_session):
             if not self.chooser.allow(dep_name):
                 continue
             t_wait = time.monotonic()
             try:
-                admitted = await self.admission.admit(dep_name, ctx.team, ctx.alias, body,
-                                                      batch=ctx.batch_id is not None, worst=worst)
+                admitted = await self.admission.admit(
+                    dep_name, ctx.team, ctx.alias, body, batch=ctx.batch_id is not None, worst=worst
+                )
             except CapacityExceeded as err:  # full: the next deployment may have room
                 last_error, last_outcome = err, Outcome.REJECTED
                 continue
@@ -117,8 +123,7 @@ class Forwarder:
                     await self.settler.durable(capture.record(err.status, err.message, failed.outcome))
                     raise err from None
                 last_error, last_outcome = failed.error, failed.outcome
-                log.warning("deployment %s failed before the first token (%s); trying the next",
-                            dep_name, failed.error.message)
+                log.warning("deployment %s failed before the first token (%s); trying the next", dep_name, failed.error.message)
             except BaseException:
                 self.settler.release(attempt, None)
                 raise

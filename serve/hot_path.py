@@ -53,8 +53,7 @@ class Gateway(FastAPI):
             refused = self.cross_site.refusal(scope)
             if refused is not None:
                 return await HotPath._json(send, refused.status, refused.body(), {})
-        if (self.hot_path is not None and scope["type"] == "http" and scope["path"] in ROUTES
-                and scope["method"] == "POST"):
+        if self.hot_path is not None and scope["type"] == "http" and scope["path"] in ROUTES and scope["method"] == "POST":
             return await self.hot_path(scope, receive, send)
         await super().__call__(scope, receive, send)
 
@@ -100,8 +99,13 @@ class HotPath:
     @staticmethod
     async def _json(send, status: int, body: dict, extra: dict[str, str]) -> None:
         data = json_codec.encode(body)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": _headers({**extra, "content-length": str(len(data))}, _JSON)})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": _headers({**extra, "content-length": str(len(data))}, _JSON),
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
     @staticmethod
@@ -118,8 +122,7 @@ class HotPath:
         watcher = None
         body = answer.body
         try:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": _headers({**extra, **answer.headers}, _SSE)})
+            await send({"type": "http.response.start", "status": 200, "headers": _headers({**extra, **answer.headers}, _SSE)})
             async for piece in body:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
                 if watcher is None:  # from the first token on: its cost is not the first token's

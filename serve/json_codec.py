@@ -65,9 +65,12 @@ def decode_request_in_slices(data: bytes, prompt_key: str) -> tuple[Any, bytes |
     one call still: a call per number would cost 3.5x the time (1M ids: 248 ms against 72 ms)."""
     try:
         fields = _FIELDS.decode(data)  # a scan: each field's JSON text, no objects
-        body = {key: [msgspec.json.decode(item) for item in _ITEMS.decode(raw)]
-                if key == prompt_key and _objects(raw) else msgspec.json.decode(raw)
-                for key, raw in fields.items()}
+        body = {
+            key: [msgspec.json.decode(item) for item in _ITEMS.decode(raw)]
+            if key == prompt_key and _objects(raw)
+            else msgspec.json.decode(raw)
+            for key, raw in fields.items()
+        }
     except msgspec.DecodeError:
         return decode_request(data, prompt_key)
     return body, bytes(fields[prompt_key]) if prompt_key in fields else None

@@ -57,11 +57,18 @@ class KeyStore:
         if not team or not team.replace("-", "").replace("_", "").isalnum():
             raise ValueError("team names use letters, digits, '-' and '_'")
         if team.lower() in RESERVED_TEAMS:
-            raise ValueError(f"{team!r} is reserved ({', '.join(sorted(RESERVED_TEAMS))} name the admin "
-                             "and anonymous callers); choose another team name")
+            raise ValueError(
+                f"{team!r} is reserved ({', '.join(sorted(RESERVED_TEAMS))} name the admin "
+                "and anonymous callers); choose another team name"
+            )
         key = "fw-" + secrets.token_urlsafe(32)
-        rec = KeyRecord(id="key-" + secrets.token_hex(6), team=team, hash=hash_key(key), name=name,
-                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        rec = KeyRecord(
+            id="key-" + secrets.token_hex(6),
+            team=team,
+            hash=hash_key(key),
+            name=name,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
         with self._lock:
             self._save(self._load() + [rec])
         return rec, key

@@ -42,7 +42,9 @@ local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
 # per ledger (ttl, member, a, b, limits n a b). Returns the 1-based index of the first ledger
 # that refuses (0: all reserved), then per ledger its live count and spent + reserved a and b,
 # this reservation included when it was made.
-_RESERVE = _LIVE + """
+_RESERVE = (
+    _LIVE
+    + """
 local seen, refused, adds = {}, 0, {}
 for i = 1, #KEYS / 2 do
   local o = 7 * (i - 1)
@@ -67,6 +69,7 @@ for i, s in ipairs(seen) do
 end
 return out
 """
+)
 _RENEW = """
 local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
 return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[2])
@@ -81,10 +84,13 @@ for i = 1, #KEYS / 2 do
 end
 return 1
 """
-_TOTALS = _LIVE + """
+_TOTALS = (
+    _LIVE
+    + """
 local n, a, b = live(KEYS[1], now)
 return {n, tostring(a), tostring(b), redis.call('HGET', KEYS[2], 'a') or '0', redis.call('HGET', KEYS[2], 'b') or '0'}
 """
+)
 
 
 @dataclass
@@ -117,8 +123,8 @@ class Ledger:
         self.state, self.prefix, self.ttl_s = state, prefix, ttl_s
         self._local: dict[str, dict[str, tuple[float, float, float]]] = {}  # name -> id -> (exp, a, b)
         self._local_spent: dict[str, list[float]] = {}
-        self._seen: dict[str, tuple[float, float, float]] = {}   # name -> Redis's (n, a, b) last seen
-        self._unsynced: dict[str, list[int]] = {}                 # spent while Redis was down
+        self._seen: dict[str, tuple[float, float, float]] = {}  # name -> Redis's (n, a, b) last seen
+        self._unsynced: dict[str, list[int]] = {}  # spent while Redis was down
         self._lock = threading.Lock()
         # only a replica without Redis keeps its own books; with Redis, Redis (with AOF) does
         self.persist = Path(persist) if persist and not state.redis_url else None
@@ -142,8 +148,11 @@ class Ledger:
             spent = self._local_spent.setdefault(name, [0.0, 0.0])
             n, ra, rb = len(live), sum(v[1] for v in live.values()), sum(v[2] for v in live.values())
             lim_n, lim_a, lim_b = limits
-            if (lim_n >= 0 and n + 1 > lim_n) or (lim_a >= 0 and spent[0] + ra + want.a > lim_a) \
-                    or (lim_b >= 0 and spent[1] + rb + want.b > lim_b):
+            if (
+                (lim_n >= 0 and n + 1 > lim_n)
+                or (lim_a >= 0 and spent[0] + ra + want.a > lim_a)
+                or (lim_b >= 0 and spent[1] + rb + want.b > lim_b)
+            ):
                 return None
             live[want.rid] = (time.monotonic() + self.ttl_s, want.a, want.b)
             return Reservation(name, want.rid, want.a, want.b, shared=False)
@@ -214,8 +223,7 @@ class Ledger:
         with self._lock:
             live = self._purge(name)
             spent = self._local_spent.get(name, [0.0, 0.0])
-            return Totals(len(live), sum(v[1] for v in live.values()), sum(v[2] for v in live.values()),
-                          spent[0], spent[1])
+            return Totals(len(live), sum(v[1] for v in live.values()), sum(v[2] for v in live.values()), spent[0], spent[1])
 
     def _purge(self, name: str) -> dict:
         now = time.monotonic()
@@ -255,7 +263,7 @@ def reserve_together(wants: list[Want]) -> list[Reservation] | int:
     got = wants[0].ledger.state.run("reserve", _RESERVE, keys, args)
     if got is not LOCAL:
         for i, w in enumerate(wants):
-            w.ledger._seen[w.name] = tuple(int(x) for x in got[1 + 3 * i: 4 + 3 * i])
+            w.ledger._seen[w.name] = tuple(int(x) for x in got[1 + 3 * i : 4 + 3 * i])
         if got[0]:
             return int(got[0]) - 1
         return [Reservation(w.name, w.rid, w.a, w.b, shared=True) for w in wants]

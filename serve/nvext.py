@@ -39,16 +39,18 @@ def client_nvext(body: dict, admin: bool = False) -> tuple[dict[str, Any], list[
     for key, value in raw.items():
         kind = CLIENT_FIELDS.get(key)
         if kind is None:
-            raise APIError(400, f"nvext.{key} cannot be set through the gateway; a client may set "
-                                f"{', '.join(sorted(CLIENT_FIELDS))}", param=f"nvext.{key}")
+            raise APIError(
+                400,
+                f"nvext.{key} cannot be set through the gateway; a client may set {', '.join(sorted(CLIENT_FIELDS))}",
+                param=f"nvext.{key}",
+            )
         if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)):
             raise APIError(400, f"nvext.{key} must be {_TYPE_NAMES[kind]}", param=f"nvext.{key}")
     asked = raw.get("extra_fields") or []
     allowed = ADMIN_REPLY_FIELDS if admin else CLIENT_REPLY_FIELDS
     for field in asked:
         if field not in allowed:
-            raise APIError(400, f"nvext.extra_fields may name {', '.join(allowed)}, not {field!r}",
-                           param="nvext.extra_fields")
+            raise APIError(400, f"nvext.extra_fields may name {', '.join(allowed)}, not {field!r}", param="nvext.extra_fields")
     return dict(raw), list(dict.fromkeys(asked))
 
 

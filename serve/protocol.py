@@ -23,8 +23,11 @@ class _Request(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = None
     stop: str | list[str] | None = Field(None, description="up to 4 stop strings")
-    cache_salt: str | None = Field(None, min_length=1, description="requests share prefix-cache KV only "
-                                   "with requests of the same salt (e.g. one per policy version)")
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        description="requests share prefix-cache KV only with requests of the same salt (e.g. one per policy version)",
+    )
 
     @field_validator("stop")
     @classmethod
@@ -89,6 +92,7 @@ class GenerateSampling(BaseModel):
 
 class GenerateRequest(BaseModel):
     """``POST /inference/v1/generate``: prime-rl's token-in/token-out request."""
+
     model: str = Field(min_length=1, examples=["tiny"])
     token_ids: list[int] = Field(min_length=1)
     sampling_params: GenerateSampling = GenerateSampling()
@@ -96,8 +100,12 @@ class GenerateRequest(BaseModel):
 
     def completion_body(self) -> dict[str, Any]:
         sp = self.sampling_params.model_dump(exclude_none=True)
-        body: dict[str, Any] = {"model": self.model, "prompt": self.token_ids, "stream": False,
-                                "nvext": {"extra_fields": ["completion_token_ids"]}}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": self.token_ids,
+            "stream": False,
+            "nvext": {"extra_fields": ["completion_token_ids"]},
+        }
         for key in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids"):
             if key in sp:
                 body[key] = sp[key]
@@ -115,7 +123,5 @@ def generate_response(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"index": 0, "token_ids": ids, "finish_reason": choice.get("finish_reason")}
     lp = choice.get("logprobs")
     if lp and lp.get("token_logprobs") is not None:
-        out["logprobs"] = {"content": [{"token": f"token_id:{i}", "logprob": x}
-                                       for i, x in zip(ids, lp["token_logprobs"])]}
-    return {"id": data.get("id"), "object": "generate", "model": data.get("model"),
-            "choices": [out], "usage": data.get("usage")}
+        out["logprobs"] = {"content": [{"token": f"token_id:{i}", "logprob": x} for i, x in zip(ids, lp["token_logprobs"])]}
+    return {"id": data.get("id"), "object": "generate", "model": data.get("model"), "choices": [out], "usage": data.get("usage")}

@@ -67,8 +67,9 @@ def serve_jobs(conn: Connection, data_bytes: int, max_result_bytes: int, nicenes
             except Exception:  # an exception that does not pickle still says what it was
                 answer = pickle.dumps(("err", RuntimeError(f"{type(exc).__name__}: {exc}")))
         if len(answer) > max_result_bytes:
-            answer = pickle.dumps(("err", QueryTooLarge(
-                f"the answer is {len(answer):,} bytes, over the {max_result_bytes:,} a query may return")))
+            answer = pickle.dumps(
+                ("err", QueryTooLarge(f"the answer is {len(answer):,} bytes, over the {max_result_bytes:,} a query may return"))
+            )
         conn.send_bytes(answer)
 
 
@@ -131,9 +132,18 @@ class QueryPool:
         ours, theirs = socket.socketpair()
         with ours, theirs:
             process = subprocess.Popen(
-                [sys.executable, "-m", "serve.query_pool", str(theirs.fileno()),
-                 str(self.config.memory_mb << 20), str(self.config.max_result_bytes), str(self.config.niceness)],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                [
+                    sys.executable,
+                    "-m",
+                    "serve.query_pool",
+                    str(theirs.fileno()),
+                    str(self.config.memory_mb << 20),
+                    str(self.config.max_result_bytes),
+                    str(self.config.niceness),
+                ],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
             return _Worker(process, Connection(os.dup(ours.fileno())))
 
     def _kill(self, worker: _Worker | None) -> None:
@@ -162,5 +172,6 @@ class QueryPool:
 
 if __name__ == "__main__":
     from serve.query_pool import serve_jobs as run  # by its own name: its exceptions must unpickle
+
     fd, data_bytes, max_result_bytes, niceness = map(int, sys.argv[1:5])
     run(Connection(fd), data_bytes, max_result_bytes, niceness)

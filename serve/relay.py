@@ -52,13 +52,15 @@ async def read_unary(attempt: Attempt, upstream: UpstreamResponse) -> dict:
         data = json_codec.decode(await upstream.read())
     except (UpstreamError, json.JSONDecodeError, UnicodeDecodeError) as exc:  # as a stream event is judged
         outcome = Outcome.UPSTREAM_ERROR if isinstance(exc, UpstreamError) else Outcome.MALFORMED
-        raise AttemptFailed(APIError(502, f"deployment {dep!r} sent a broken response: {exc}",
-                                     type="server_error"), outcome) from None
+        raise AttemptFailed(
+            APIError(502, f"deployment {dep!r} sent a broken response: {exc}", type="server_error"), outcome
+        ) from None
     finally:
         upstream.close()
     if not isinstance(data, dict):
-        raise AttemptFailed(APIError(502, f"deployment {dep!r} sent a response that is not an object",
-                                     type="server_error"), Outcome.MALFORMED)
+        raise AttemptFailed(
+            APIError(502, f"deployment {dep!r} sent a response that is not an object", type="server_error"), Outcome.MALFORMED
+        )
     attempt.capture.on_response(data)
     if attempt.tools is not None and data.get("choices"):
         try:

@@ -21,8 +21,7 @@ from serve.upstream_pool import UpstreamError, UpstreamPool, UpstreamResponse, U
 
 # operation -> the deployment endpoint that serves it (token-in/token-out runs as a completion
 # whose prompt is token ids)
-ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions",
-             "generate": "/v1/completions"}
+ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions", "generate": "/v1/completions"}
 
 
 def upstream_headers(ctx: RequestContext) -> dict[str, str]:
@@ -38,14 +37,20 @@ async def send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: floa
     payload = json_codec.encode(attempt.rewrite.upstream_body)
     capture.sent_mono = time.monotonic()
     try:
-        upstream = await pool.post(dep.url, ENDPOINTS[attempt.operation], payload, upstream_headers(capture.ctx),
-                                   headers_timeout=first_token_timeout_s if attempt.stream else None)
+        upstream = await pool.post(
+            dep.url,
+            ENDPOINTS[attempt.operation],
+            payload,
+            upstream_headers(capture.ctx),
+            headers_timeout=first_token_timeout_s if attempt.stream else None,
+        )
     except UpstreamError as exc:
         timed_out = isinstance(exc, UpstreamTimeout)
         what = "sent no first token in time" if timed_out else "is unreachable"
-        raise AttemptFailed(APIError(503, f"deployment {dep.name!r} {what}: {type(exc).__name__}: {exc}",
-                                     type="server_error"),
-                            Outcome.TIMEOUT if timed_out else Outcome.UNREACHABLE) from None
+        raise AttemptFailed(
+            APIError(503, f"deployment {dep.name!r} {what}: {type(exc).__name__}: {exc}", type="server_error"),
+            Outcome.TIMEOUT if timed_out else Outcome.UNREACHABLE,
+        ) from None
     if upstream.status == 200:
         return upstream
     try:

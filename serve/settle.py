@@ -20,14 +20,17 @@ log = logging.getLogger(__name__)
 
 
 def trace_store_unavailable(exc: BaseException) -> APIError:
-    return APIError(503, f"the trace store could not make this response durable ({exc}); it was not "
-                         "delivered: retry once the gateway's trace disk is writable again",
-                    type="server_error", code="trace_store_unavailable")
+    return APIError(
+        503,
+        f"the trace store could not make this response durable ({exc}); it was not "
+        "delivered: retry once the gateway's trace disk is writable again",
+        type="server_error",
+        code="trace_store_unavailable",
+    )
 
 
 class Settler:
-    def __init__(self, writer: TraceWriter, admission: Admission, breakers: Breakers, metrics: Metrics,
-                 renew_every_s: float):
+    def __init__(self, writer: TraceWriter, admission: Admission, breakers: Breakers, metrics: Metrics, renew_every_s: float):
         self.writer, self.admission, self.breakers, self.metrics = writer, admission, breakers, metrics
         self.renewals = Renewals(admission, renew_every_s)
 

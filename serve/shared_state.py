@@ -17,8 +17,14 @@ log = logging.getLogger(__name__)
 
 
 class SharedState:
-    def __init__(self, redis_url: str | None, retry_s: float = 2.0, timeout_s: float = 0.25,
-                 replica: str | None = None, replica_ttl_s: float = 10.0):
+    def __init__(
+        self,
+        redis_url: str | None,
+        retry_s: float = 2.0,
+        timeout_s: float = 0.25,
+        replica: str | None = None,
+        replica_ttl_s: float = 10.0,
+    ):
         self.redis_url, self.retry_s = redis_url, retry_s
         self.replica, self.replica_ttl_s = replica or uuid.uuid4().hex, replica_ttl_s
         self.replicas_seen = 1  # live replicas at the last beat: a ledger's share in an outage
@@ -26,8 +32,10 @@ class SharedState:
         self._down_until = 0.0
         if redis_url:
             import redis
-            self._redis = redis.Redis.from_url(redis_url, socket_timeout=timeout_s,
-                                               socket_connect_timeout=timeout_s, decode_responses=True)
+
+            self._redis = redis.Redis.from_url(
+                redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
+            )
         self._scripts: dict[str, object] = {}
 
     @property
@@ -68,6 +76,7 @@ class SharedState:
         if client is None:
             return LOCAL
         import redis
+
         try:
             return fn(client)
         except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -22,7 +22,7 @@ class TeamTurns:
         if lock is None:
             lock = self._locks[team] = asyncio.Lock()
             over = len(self._locks) - self.max_teams
-            for old in [t for t, held in self._locks.items() if not held.locked()][:max(over, 0)]:
+            for old in [t for t, held in self._locks.items() if not held.locked()][: max(over, 0)]:
                 del self._locks[old]  # the least recently used idle teams: the map stays bounded
         self._locks.move_to_end(team)
         return lock

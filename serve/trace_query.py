@@ -40,6 +40,7 @@ class QueryRequest(BaseModel):
 @dataclass(frozen=True)
 class QueryLimits:
     """What one query may take: its deadline, its answer's bytes, DuckDB's memory and spill."""
+
     timeout_s: float = 30.0
     max_bytes: int = 64 << 20
     memory_limit: str = "1GB"
@@ -51,8 +52,9 @@ class QueryLimits:
         q = config.query
         # DuckDB's buffer pool gets half of what the worker has past its ~300 MB of imports: the
         # rest is for what DuckDB does not count (strings an expression builds, Arrow results)
-        return cls(config.query_timeout_s, q.max_result_bytes, f"{(q.memory_mb - 384) // 2}MB",
-                   spill_root(config), q.max_spill_mb << 20)
+        return cls(
+            config.query_timeout_s, q.max_result_bytes, f"{(q.memory_mb - 384) // 2}MB", spill_root(config), q.max_spill_mb << 20
+        )
 
 
 def spill_root(config: GatewayConfig) -> str:
@@ -68,8 +70,15 @@ def scoped_store(root: str, team: str | None, limits: QueryLimits = QueryLimits(
     if limits.spill_dir and limits.max_spill_bytes:
         spill = Path(limits.spill_dir, str(os.getpid()))
         spill.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return TraceStore(root, team=team, sandbox=True, threads=1, memory_limit=limits.memory_limit,
-                      spill_dir=spill, max_spill_bytes=limits.max_spill_bytes)
+    return TraceStore(
+        root,
+        team=team,
+        sandbox=True,
+        threads=1,
+        memory_limit=limits.memory_limit,
+        spill_dir=spill,
+        max_spill_bytes=limits.max_spill_bytes,
+    )
 
 
 class Deadline:
@@ -118,8 +127,7 @@ def _answer(store: TraceStore, sql: str, max_rows: int, limits: QueryLimits, tea
                 break
     if truncated and not rows and max_rows > 0:
         raise QueryTooLarge(f"the first row alone is over the {limits.max_bytes:,} bytes a query may return")
-    head = json.dumps({"columns": columns, "row_count": len(rows), "truncated": truncated,
-                       "scope": team or "all"})
+    head = json.dumps({"columns": columns, "row_count": len(rows), "truncated": truncated, "scope": team or "all"})
     return f'{head[:-1]}, "rows": [{", ".join(rows)}]}}'.encode()
 
 
@@ -128,8 +136,7 @@ def json_rows(batch: pa.RecordBatch) -> list[str]:
     strings: times and dates ISO (also those outside Python's years 1-9999), NaN and the
     infinities as "NaN", "Infinity", "-Infinity" (as protobuf's JSON mapping does)."""
     columns = [_py_values(batch.column(i)) for i in range(batch.num_columns)]
-    return [json.dumps([_finite(v) for v in row], default=str, allow_nan=False)
-            for row in zip(*columns)] if columns else []
+    return [json.dumps([_finite(v) for v in row], default=str, allow_nan=False) for row in zip(*columns)] if columns else []
 
 
 def _py_values(column: pa.Array) -> list:
@@ -171,16 +178,16 @@ router = APIRouter()
 async def query(request: Request, gw: GatewayParts = Depends(parts)):
     caller = gw.caller(request)
     if caller.anonymous:
-        raise APIError(401, "querying traces needs a team or admin API key",
-                       code="invalid_api_key")
+        raise APIError(401, "querying traces needs a team or admin API key", code="invalid_api_key")
     try:
         req = QueryRequest.model_validate_json(await request.body())
     except ValueError as exc:
-        raise APIError(400, f"expected {{\"sql\": \"SELECT ...\"}}: {exc}", param="sql") from None
+        raise APIError(400, f'expected {{"sql": "SELECT ..."}}: {exc}', param="sql") from None
     try:
         config = gw.config
-        body = await gw.queries.run(answer, config.traces_dir, None if caller.admin else caller.team,
-                                    req.sql, req.max_rows, QueryLimits.of(config))
+        body = await gw.queries.run(
+            answer, config.traces_dir, None if caller.admin else caller.team, req.sql, req.max_rows, QueryLimits.of(config)
+        )
     except Exception as exc:
         failure = query_failure(exc, gw.config.query_timeout_s)
         if failure is None:

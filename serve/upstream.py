@@ -23,9 +23,16 @@ PROMPT_KEYS = {"chat": "messages", "text_completion": "prompt"}  # where an oper
 class Rewrite:
     """The upstream body for one client request, and how to undo it on the way back."""
 
-    def __init__(self, body: dict[str, Any], operation: str, upstream_model: str,
-                 grammar: str | None = None, prompt_json: bytes | None = None, team: str | None = None,
-                 admin: bool = False):
+    def __init__(
+        self,
+        body: dict[str, Any],
+        operation: str,
+        upstream_model: str,
+        grammar: str | None = None,
+        prompt_json: bytes | None = None,
+        team: str | None = None,
+        admin: bool = False,
+    ):
         self.client_body = body
         self.operation = operation
         # only top-level keys and nvext change: a shallow copy, never a copy of the messages (a
@@ -47,8 +54,7 @@ class Rewrite:
             self.client_logprobs = body.get("logprobs") is not None
             if body.get("logprobs") is None:
                 up["logprobs"] = 1
-        self.client_usage = not body.get("stream") or bool(
-            (body.get("stream_options") or {}).get("include_usage"))
+        self.client_usage = not body.get("stream") or bool((body.get("stream_options") or {}).get("include_usage"))
         if body.get("stream"):
             up["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         if grammar is not None:
@@ -95,5 +101,4 @@ def upstream_error(status: int, text: str) -> APIError:
         pass
     if 400 <= status < 500:
         return APIError(status, message, param=param)
-    return APIError(502 if status >= 500 else status, f"deployment error ({status}): {message}",
-                    type="server_error")
+    return APIError(502 if status >= 500 else status, f"deployment error ({status}): {message}", type="server_error")

@@ -28,7 +28,7 @@ class _QuickAckStream(httpcore.AsyncNetworkStream):
             try:
                 self._sock = inner.get_extra_info("socket")
             except (AttributeError, OSError):  # reset right after connect (anyio then fails on its
-                pass                           # peer name): the first read or write says so
+                pass  # peer name): the first read or write says so
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         data = await self._inner.read(max_bytes, timeout)
@@ -45,8 +45,9 @@ class _QuickAckStream(httpcore.AsyncNetworkStream):
     async def aclose(self) -> None:
         await self._inner.aclose()
 
-    async def start_tls(self, ssl_context, server_hostname: str | None = None,
-                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+    async def start_tls(
+        self, ssl_context, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.AsyncNetworkStream:
         return await self._inner.start_tls(ssl_context, server_hostname, timeout)  # TLS: as it is
 
     def get_extra_info(self, info: str) -> typing.Any:
@@ -57,12 +58,14 @@ class QuickAckBackend(httpcore.AsyncNetworkBackend):
     def __init__(self, inner: httpcore.AsyncNetworkBackend):
         self._inner = inner
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None, socket_options=None) -> httpcore.AsyncNetworkStream:
+    async def connect_tcp(
+        self, host: str, port: int, timeout: float | None = None, local_address: str | None = None, socket_options=None
+    ) -> httpcore.AsyncNetworkStream:
         return _QuickAckStream(await self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options=None) -> httpcore.AsyncNetworkStream:
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options=None
+    ) -> httpcore.AsyncNetworkStream:
         return await self._inner.connect_unix_socket(path, timeout, socket_options)
 
     async def sleep(self, seconds: float) -> None:

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httptools
 
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
-_HIGH_WATER = 1 << 20   # a client reading slower than its deployment writes: stop reading here
+_HIGH_WATER = 1 << 20  # a client reading slower than its deployment writes: stop reading here
 
 
 class UpstreamError(Exception):
@@ -77,9 +77,9 @@ class UpstreamResponse:
         self._buffered = 0
         self._waiter: asyncio.Future | None = None
         self._error: BaseException | None = None
-        self.complete = False           # the whole body has arrived
-        self.started = False            # some of the response has arrived
-        self.until_close = False        # no length, not chunked: the body ends with the connection
+        self.complete = False  # the whole body has arrived
+        self.started = False  # some of the response has arrived
+        self.until_close = False  # no length, not chunked: the body ends with the connection
         self.headers_done: asyncio.Future = conn.loop.create_future()
 
     # -- fed by the connection ------------------------------------------------------------------
@@ -263,24 +263,25 @@ class UpstreamPool:
     async def _connect(self, key: tuple[str, int]) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self, key), *key), self.connect_timeout)
+            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Connection(self, key), *key), self.connect_timeout)
         except asyncio.TimeoutError:
             raise Unreachable(f"no connection to {key[0]}:{key[1]} within {self.connect_timeout:g} s") from None
         except OSError as exc:
             raise Unreachable(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
         return conn
 
-    async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None,
-                   headers_timeout: float | None = None) -> UpstreamResponse:
+    async def post(
+        self, base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None, headers_timeout: float | None = None
+    ) -> UpstreamResponse:
         """The response, once its headers are in: within ``headers_timeout`` of sending (the read
         timeout when None), else :class:`UpstreamTimeout`."""
         host, port, authority = self._address(base_url)
         wait = self.read_timeout if headers_timeout is None else headers_timeout
-        prefix = authority[len(f"{host}:{port}"):]
-        head = (f"POST {prefix}{path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\n"
-                + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()) + "\r\n").encode("latin-1")
+        prefix = authority[len(f"{host}:{port}") :]
+        head = (
+            f"POST {prefix}{path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()) + "\r\n"
+        ).encode("latin-1")
         key = (host, port)
         idle = self._idle.get(key)
         while idle:

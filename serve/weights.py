@@ -33,15 +33,29 @@ PAUSE, RESUME = "/engine/pause_generation", "/engine/resume_generation"
 UPDATE, LIVENESS = "/engine/update_weights_from_disk", "/engine/liveness_probe"
 RELOAD_TIMEOUT_S = 720.0  # prime-rl's own client timeout for /update_weights
 # What must match for new weights to fit the running engine's tensors.
-SHAPE_KEYS = ("model_type", "architectures", "hidden_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+SHAPE_KEYS = (
+    "model_type",
+    "architectures",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 
 
 class UpdateWeights(BaseModel):
-    weight_dir: str = Field(min_length=1, description="a Hugging Face checkpoint directory "
-                                                      "(config.json + *.safetensors) on the serving host")
-    weight_version: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._@:/-]+$",
-                                       description="recorded in every trace row; default: the directory's name")
+    weight_dir: str = Field(
+        min_length=1, description="a Hugging Face checkpoint directory (config.json + *.safetensors) on the serving host"
+    )
+    weight_version: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._@:/-]+$",
+        description="recorded in every trace row; default: the directory's name",
+    )
     deployment: str | None = None
 
 
@@ -55,8 +69,7 @@ def checkpoint_shape(weight_dir: str | Path) -> dict:
     try:
         config = json.loads((d / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise APIError(400, f"weight_dir {str(d)!r} has no readable config.json ({exc})",
-                       param="weight_dir") from None
+        raise APIError(400, f"weight_dir {str(d)!r} has no readable config.json ({exc})", param="weight_dir") from None
     return {k: config.get(k) for k in SHAPE_KEYS}
 
 
@@ -84,14 +97,19 @@ class FullWeights:
                 old = checkpoint_shape(previous_dir)
                 changed = sorted(k for k in SHAPE_KEYS if old[k] != new[k])
                 if changed:
-                    raise APIError(400, f"weight_dir has a different architecture or size ({', '.join(changed)} "
-                                        "differ): it cannot be reloaded in place; deploy it blue-green "
-                                        "(flywheel checkpoint deploy --strategy blue-green)", param="weight_dir")
+                    raise APIError(
+                        400,
+                        f"weight_dir has a different architecture or size ({', '.join(changed)} "
+                        "differ): it cannot be reloaded in place; deploy it blue-green "
+                        "(flywheel checkpoint deploy --strategy blue-green)",
+                        param="weight_dir",
+                    )
             resume = dep.name not in self.paused_by_client  # else the client resumes when it is ready
             try:
                 await on_workers(http, dep, "POST", PAUSE, {"mode": "keep", "clear_cache": False})
-                results = await call_workers(http, dep, "POST", UPDATE, {"model_path": weight_dir,
-                                             "weight_version": version}, timeout_s=RELOAD_TIMEOUT_S)
+                results = await call_workers(
+                    http, dep, "POST", UPDATE, {"model_path": weight_dir, "weight_version": version}, timeout_s=RELOAD_TIMEOUT_S
+                )
                 if not all(r.ok for r in results):
                     await self._roll_back(http, dep, results, previous_dir, previous_version)
                 self._record(dep, weight_dir, version)  # before resuming: no new row names the old version
@@ -100,26 +118,42 @@ class FullWeights:
                     await on_workers(http, dep, "POST", RESUME, {})
             return results
 
-    async def _roll_back(self, http, dep: Deployment, results: list[WorkerResult],
-                         previous_dir: str | None, previous_version: str) -> None:
+    async def _roll_back(
+        self, http, dep: Deployment, results: list[WorkerResult], previous_dir: str | None, previous_version: str
+    ) -> None:
         failed = [r.summary() for r in results if not r.ok]
         if not previous_dir:
-            raise APIError(502, f"weight reload failed on {len(failed)} of {len(results)} workers and the "
-                                f"deployment's previous weights are unknown: {failed}", type="server_error")
+            raise APIError(
+                502,
+                f"weight reload failed on {len(failed)} of {len(results)} workers and the "
+                f"deployment's previous weights are unknown: {failed}",
+                type="server_error",
+            )
         # A failed layer-by-layer reload may have replaced some layers: every worker goes back.
-        back = await call_workers(http, dep, "POST", UPDATE, {"model_path": previous_dir,
-                                  "weight_version": previous_version}, timeout_s=RELOAD_TIMEOUT_S)
+        back = await call_workers(
+            http,
+            dep,
+            "POST",
+            UPDATE,
+            {"model_path": previous_dir, "weight_version": previous_version},
+            timeout_s=RELOAD_TIMEOUT_S,
+        )
         restored = all(r.ok for r in back)
-        raise APIError(502, f"weight reload failed on {len(failed)} of {len(results)} workers: {failed}; "
-                            + (f"every worker serves {previous_version!r} again" if restored else
-                               f"restoring {previous_version!r} failed too: {[r.summary() for r in back]}"),
-                       type="server_error")
+        raise APIError(
+            502,
+            f"weight reload failed on {len(failed)} of {len(results)} workers: {failed}; "
+            + (
+                f"every worker serves {previous_version!r} again"
+                if restored
+                else f"restoring {previous_version!r} failed too: {[r.summary() for r in back]}"
+            ),
+            type="server_error",
+        )
 
     def _record(self, dep: Deployment, weight_dir: str, version: str) -> None:
         for alias, r in list(self.routes.items()):
             if r.deployment == dep.name and r.lora_path is None:
-                self.routes[alias] = r.model_copy(update={"checkpoint_version": version,
-                                                          "weight_dir": weight_dir})
+                self.routes[alias] = r.model_copy(update={"checkpoint_version": version, "weight_dir": weight_dir})
             elif r.deployment == dep.name:  # an adapter keeps its version, over the new weights
                 self.routes[alias] = r.model_copy(update={"weight_dir": weight_dir})
 
@@ -134,9 +168,14 @@ router = APIRouter()
 
 
 @router.post("/pause")
-async def pause(request: Request, mode: str = "keep", clear_cache: bool = False,
-                deployment: str | None = None, gw: GatewayParts = Depends(parts),
-                weights: FullWeights = Depends(full_weights)):
+async def pause(
+    request: Request,
+    mode: str = "keep",
+    clear_cache: bool = False,
+    deployment: str | None = None,
+    gw: GatewayParts = Depends(parts),
+    weights: FullWeights = Depends(full_weights),
+):
     """Freeze (``keep``), drain (``wait``) or abort (``abort``) one deployment's requests."""
     gw.require_admin(request)
     if mode not in ("keep", "wait", "abort"):
@@ -148,8 +187,12 @@ async def pause(request: Request, mode: str = "keep", clear_cache: bool = False,
 
 
 @router.post("/resume")
-async def resume(request: Request, deployment: str | None = None, gw: GatewayParts = Depends(parts),
-                 weights: FullWeights = Depends(full_weights)):
+async def resume(
+    request: Request,
+    deployment: str | None = None,
+    gw: GatewayParts = Depends(parts),
+    weights: FullWeights = Depends(full_weights),
+):
     """Idempotent: resuming a running deployment is a no-op."""
     gw.require_admin(request)
     dep = pick_deployment(gw.config, deployment, gw.routes)
@@ -159,16 +202,20 @@ async def resume(request: Request, deployment: str | None = None, gw: GatewayPar
 
 
 @router.post("/update_weights", openapi_extra=json_body(UpdateWeights))
-async def update_weights(request: Request, gw: GatewayParts = Depends(parts),
-                         weights: FullWeights = Depends(full_weights)):
+async def update_weights(request: Request, gw: GatewayParts = Depends(parts), weights: FullWeights = Depends(full_weights)):
     gw.require_admin(request)
     req = await parse_body(request, UpdateWeights)
     weight_dir = str(Path(req.weight_dir).resolve())
     dep = pick_deployment(gw.config, req.deployment, gw.routes)
     version = req.weight_version or Path(weight_dir).name
     results = await weights.reload(request.app.state.http, dep, weight_dir, version)
-    return {"status": "success", "deployment": dep.name, "weight_version": version,
-            "weight_dir": weight_dir, "workers": [r.summary() for r in results]}
+    return {
+        "status": "success",
+        "deployment": dep.name,
+        "weight_version": version,
+        "weight_dir": weight_dir,
+        "workers": [r.summary() for r in results],
+    }
 
 
 @router.get("/liveness")
@@ -179,15 +226,24 @@ async def liveness(request: Request, deployment: str | None = None, gw: GatewayP
     workers = [r.summary() for r in results if r.status != 404]  # 404: an engine without the probe
     if all(w["ok"] for w in workers):
         return {"status": "ok", "deployment": dep.name, "workers": workers}
-    return JSONResponse(APIError(503, f"{sum(not w['ok'] for w in workers)} of {len(workers)} workers of "
-                                      f"{dep.name!r} do not answer: {workers}", type="server_error").body(),
-                    status_code=503)
+    return JSONResponse(
+        APIError(
+            503,
+            f"{sum(not w['ok'] for w in workers)} of {len(workers)} workers of {dep.name!r} do not answer: {workers}",
+            type="server_error",
+        ).body(),
+        status_code=503,
+    )
 
 
 @router.post("/init_broadcaster")
 async def init_broadcaster(request: Request, gw: GatewayParts = Depends(parts)):
     gw.require_admin(request)
     # prime-rl skips the broadcaster on a 404 and falls back to checkpoints on disk.
-    raise APIError(404, "NCCL/NIXL weight broadcast is not available on this platform's engines "
-                        "(it needs GPUs); write the checkpoint to disk and POST /update_weights "
-                        "{\"weight_dir\"} instead", type="not_found_error")
+    raise APIError(
+        404,
+        "NCCL/NIXL weight broadcast is not available on this platform's engines "
+        "(it needs GPUs); write the checkpoint to disk and POST /update_weights "
+        '{"weight_dir"} instead',
+        type="not_found_error",
+    )

@@ -19,7 +19,7 @@ from serve.errors import APIError, invalid_request
 @dataclass
 class WorkerResult:
     url: str
-    status: int | None           # None: the worker could not be reached
+    status: int | None  # None: the worker could not be reached
     data: dict
     reason: str = ""
 
@@ -47,12 +47,12 @@ def worker_result(url: str, r: httpx.Response) -> WorkerResult:
     return WorkerResult(url, r.status_code, data, str(data.get("message") or r.text[:300]))
 
 
-async def call_workers(http: httpx.AsyncClient, dep: Deployment, method: str, path: str,
-                       body: dict | None = None, timeout_s: float = 120) -> list[WorkerResult]:
+async def call_workers(
+    http: httpx.AsyncClient, dep: Deployment, method: str, path: str, body: dict | None = None, timeout_s: float = 120
+) -> list[WorkerResult]:
     """``method path`` on every worker at once; never raises for one worker's failure."""
     if not dep.admin_urls:
-        raise APIError(409, f"deployment {dep.name!r} has no worker admin URLs configured",
-                       type="invalid_request_error")
+        raise APIError(409, f"deployment {dep.name!r} has no worker admin URLs configured", type="invalid_request_error")
 
     async def one(url: str) -> WorkerResult:
         try:
@@ -64,8 +64,9 @@ async def call_workers(http: httpx.AsyncClient, dep: Deployment, method: str, pa
     return list(await asyncio.gather(*(one(u) for u in dep.admin_urls)))
 
 
-async def on_workers(http: httpx.AsyncClient, dep: Deployment, method: str, path: str,
-                     body: dict | None = None, timeout_s: float = 120) -> list[WorkerResult]:
+async def on_workers(
+    http: httpx.AsyncClient, dep: Deployment, method: str, path: str, body: dict | None = None, timeout_s: float = 120
+) -> list[WorkerResult]:
     """Like :func:`call_workers`, raising the first worker's failure as the answer."""
     results = await call_workers(http, dep, method, path, body, timeout_s)
     for r in results:

@@ -11,6 +11,7 @@ def tiny_model_dir(tmp_path_factory):
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -27,13 +28,17 @@ class RedisServer:
         import shutil
         import subprocess
         import time
+
         exe = shutil.which("redis-server")
         if exe is None:
             pytest.fail("redis-server is not installed (apt-get install redis-server; .ci/run does)")
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         import redis
+
         client = redis.Redis(port=self.port)
         for _ in range(100):
             try:
@@ -46,10 +51,12 @@ class RedisServer:
     def hang(self):
         """An outage that keeps the data: the server stops answering (SIGSTOP) until ``wake``."""
         import signal
+
         self.proc.send_signal(signal.SIGSTOP)
 
     def wake(self):
         import signal
+
         self.proc.send_signal(signal.SIGCONT)
 
     def stop(self):
@@ -71,6 +78,7 @@ def redis_server(tmp_path):
 def recording_upstream():
     """A loopback deployment that answers every completion and keeps what it was sent."""
     from tests.recording_upstream import RecordingUpstream
+
     deployment = RecordingUpstream()
     yield deployment
     deployment.stop()

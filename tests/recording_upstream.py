@@ -7,10 +7,22 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-CHAT = {"id": "c1", "object": "chat.completion", "created": 0, "model": "tiny", "usage": USAGE,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
-TEXT = {"id": "c2", "object": "text_completion", "created": 0, "model": "tiny", "usage": USAGE,
-        "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}
+CHAT = {
+    "id": "c1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "tiny",
+    "usage": USAGE,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+}
+TEXT = {
+    "id": "c2",
+    "object": "text_completion",
+    "created": 0,
+    "model": "tiny",
+    "usage": USAGE,
+    "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+}
 
 
 @dataclass
@@ -25,8 +37,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.seen.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
         if self.server.hold_marker and self.server.hold_marker in body:
             self.server.release.wait(30)
-        answer = json.dumps({**(CHAT if self.path.endswith("/chat/completions") else TEXT),
-                             **self.server.extra}).encode()
+        answer = json.dumps({**(CHAT if self.path.endswith("/chat/completions") else TEXT), **self.server.extra}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(answer)))

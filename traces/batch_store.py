@@ -75,9 +75,17 @@ class FileStore:
 
     def put(self, team: str, filename: str, purpose: str, data: bytes) -> dict:
         now = int(time.time())
-        meta = {"id": new_id("file-"), "object": "file", "bytes": len(data), "created_at": now,
-                "expires_at": None if self.ttl_s is None else now + int(self.ttl_s),
-                "filename": filename, "purpose": purpose, "status": "processed", "team": team}
+        meta = {
+            "id": new_id("file-"),
+            "object": "file",
+            "bytes": len(data),
+            "created_at": now,
+            "expires_at": None if self.ttl_s is None else now + int(self.ttl_s),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+            "team": team,
+        }
         write_atomic(self.dir / f"{meta['id']}.data", data)
         write_atomic(self.dir / f"{meta['id']}.json", json.dumps(meta).encode())
         return meta
@@ -192,8 +200,10 @@ class BatchStore:
 
     def append_results(self, batch_id: str, owner: str, results: list[dict]) -> None:
         """Durable on return. Each result carries ``n`` (its input line) and ``ok``."""
-        append_durably(self._path(batch_id) / f"results-{owner.replace('/', '.')}.jsonl",
-                       b"".join(json.dumps(r).encode() + b"\n" for r in results))
+        append_durably(
+            self._path(batch_id) / f"results-{owner.replace('/', '.')}.jsonl",
+            b"".join(json.dumps(r).encode() + b"\n" for r in results),
+        )
 
     def results(self, batch_id: str) -> dict[int, dict]:
         """Input line -> its result, over every owner's file (the first answer of a line wins).
@@ -213,7 +223,7 @@ class BatchStore:
             with open(path, "rb") as f:
                 f.seek(offset)
                 tail = f.read()
-            whole = tail[:tail.rfind(b"\n") + 1]  # a line still being written waits for the next call
+            whole = tail[: tail.rfind(b"\n") + 1]  # a line still being written waits for the next call
             for r in _read_jsonl_bytes(whole):
                 got.setdefault(r["n"], r)
             seen[path.name] = (offset + len(whole), got)
@@ -237,8 +247,11 @@ class BatchStore:
                 # a live lease is skipped, ours too (its chunk is running), except one of our own
                 # instance's earlier lifetime: an owner is "instance/lifetime", and an instance
                 # runs once at a time, so that one died
-                live = isinstance(c, dict) and c["expires"] > now and (
-                    c["owner"] == owner or _instance(c["owner"]) != _instance(owner))
+                live = (
+                    isinstance(c, dict)
+                    and c["expires"] > now
+                    and (c["owner"] == owner or _instance(c["owner"]) != _instance(owner))
+                )
                 if c == DONE or live:
                     continue
                 if c is not None:  # a lapsed lease, ours too: its lines may have run

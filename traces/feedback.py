@@ -25,19 +25,22 @@ from traces.housekeeping import compact_feedback, data_files
 from traces.schema import FEEDBACK_DIR
 
 log = logging.getLogger(__name__)
-FEEDBACK_SCHEMA = pa.schema([
-    ("feedback_id", pa.string()),
-    ("trace_id", pa.string()),
-    ("team", pa.string()),
-    ("api_key_id", pa.string()),
-    ("name", pa.string()),          # which reward (e.g. "reward", "correct", "format")
-    ("reward", pa.float64()),
-    ("score", pa.float64()),
-    ("label", pa.string()),
-    ("comment", pa.string()),
-    ("source", pa.string()),        # "api", "env:<env id>", a labeller's name...
-    ("time_created", pa.timestamp("us", tz="UTC")),
-], metadata={"flywheel.feedback_schema_version": "1"})
+FEEDBACK_SCHEMA = pa.schema(
+    [
+        ("feedback_id", pa.string()),
+        ("trace_id", pa.string()),
+        ("team", pa.string()),
+        ("api_key_id", pa.string()),
+        ("name", pa.string()),  # which reward (e.g. "reward", "correct", "format")
+        ("reward", pa.float64()),
+        ("score", pa.float64()),
+        ("label", pa.string()),
+        ("comment", pa.string()),
+        ("source", pa.string()),  # "api", "env:<env id>", a labeller's name...
+        ("time_created", pa.timestamp("us", tz="UTC")),
+    ],
+    metadata={"flywheel.feedback_schema_version": "1"},
+)
 
 
 COMPACT_AT = 32  # files in a day's partition
@@ -47,8 +50,14 @@ def write_feedback(root: str | Path, items: list[dict]) -> list[str]:
     """Durably store feedback rows (dicts with FEEDBACK_SCHEMA fields); returns their ids once
     they are on disk."""
     now = datetime.now(timezone.utc)
-    rows = [{**item, "feedback_id": item.get("feedback_id") or "fb-" + uuid.uuid4().hex,
-             "time_created": item.get("time_created") or now} for item in items]
+    rows = [
+        {
+            **item,
+            "feedback_id": item.get("feedback_id") or "fb-" + uuid.uuid4().hex,
+            "time_created": item.get("time_created") or now,
+        }
+        for item in items
+    ]
     _writer(Path(root)).write(rows)
     return [r["feedback_id"] for r in rows]
 

@@ -42,8 +42,9 @@ def _walk(node, allowed: set[str], ctes: set[str]) -> None:
         ctes = ctes | {entry.get("key", "").lower() for entry in cte_map.get("map", [])}
     kind = node.get("type")
     if kind == "SHOW_REF" and node.get("table_name"):  # SHOW TABLES and kin list the whole catalog
-        raise QueryRefused(f"SHOW lists internal names; the readable views are {sorted(allowed)} "
-                           "(DESCRIBE <view> gives a view's columns)")
+        raise QueryRefused(
+            f"SHOW lists internal names; the readable views are {sorted(allowed)} (DESCRIBE <view> gives a view's columns)"
+        )
     if kind == "FUNCTION" and _internal_function((node.get("function_name") or "").lower()):
         raise QueryRefused(f"{node['function_name']}() reads the server's settings, not the store")
     if kind == "TABLE_FUNCTION":
@@ -61,8 +62,15 @@ def _walk(node, allowed: set[str], ctes: set[str]) -> None:
 
 
 # Scalar functions that read the server rather than the data: settings name paths on the host
-_INTERNAL_FUNCTIONS = {"current_setting", "getvariable", "getenv", "which_secret", "current_schemas",
-                       "current_database", "current_catalog"}
+_INTERNAL_FUNCTIONS = {
+    "current_setting",
+    "getvariable",
+    "getenv",
+    "which_secret",
+    "current_schemas",
+    "current_database",
+    "current_catalog",
+}
 
 
 def _internal_function(name: str) -> bool:

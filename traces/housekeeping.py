@@ -79,8 +79,7 @@ def recover(root: Path) -> int:
 def _converting(root: Path) -> set[str]:
     """The names of the trace files whose spool segment is still there: their conversion is
     unfinished and will write them again, so they must not be merged away beside it."""
-    return {converted_name(spool.name, seg) for spool in (root / "_spool").glob("*")
-            for seg in spool.glob(SEGMENT_GLOB)}
+    return {converted_name(spool.name, seg) for spool in (root / "_spool").glob("*") for seg in spool.glob(SEGMENT_GLOB)}
 
 
 def compact(root: str | Path, min_files: int = 2, max_file_bytes: int = 256 << 20) -> dict:
@@ -156,8 +155,7 @@ def _compact_part(con, part: Path, inputs: list[Path], min_files: int, report: d
 
 
 def _max_version(files: list[Path], key: str = "flywheel.schema_version") -> int:
-    versions = [int((pq.read_metadata(f).metadata or {}).get(key.encode(), b"1"))
-                for f in files]
+    versions = [int((pq.read_metadata(f).metadata or {}).get(key.encode(), b"1")) for f in files]
     return max(versions + [1]) if versions else SCHEMA_VERSION
 
 
@@ -181,14 +179,27 @@ def retain(root: str | Path, days: int, today: date | None = None) -> list[str]:
 def doctor(root: str | Path) -> dict:
     """Spool backlog, files, schema versions and anything unreadable, for `flywheel traces doctor`."""
     root = Path(root)
-    report: dict = {"root": str(root), "spool": {}, "partitions": 0, "files": 0, "bytes": 0,
-                    "small_files": 0, "rows": 0, "schema_versions": {}, "unreadable": [],
-                    "interrupted_compactions": [], "stray_temp_files": []}
+    report: dict = {
+        "root": str(root),
+        "spool": {},
+        "partitions": 0,
+        "files": 0,
+        "bytes": 0,
+        "small_files": 0,
+        "rows": 0,
+        "schema_versions": {},
+        "unreadable": [],
+        "interrupted_compactions": [],
+        "stray_temp_files": [],
+    }
     for inst in sorted((root / "_spool").glob("*")):
         segs = sorted(inst.glob(SEGMENT_GLOB))
-        report["spool"][inst.name] = {"segments": len(segs), "bytes": sum(s.stat().st_size for s in segs),
-                                      # minus each segment's header frame
-                                      "records": sum(max(len(read_segment(s)[0]) - 1, 0) for s in segs)}
+        report["spool"][inst.name] = {
+            "segments": len(segs),
+            "bytes": sum(s.stat().st_size for s in segs),
+            # minus each segment's header frame
+            "records": sum(max(len(read_segment(s)[0]) - 1, 0) for s in segs),
+        }
     for f in sorted(root.glob("date=*/**/*.parquet")):
         if f.name.startswith("."):
             continue

@@ -16,13 +16,22 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 
-def s3_filesystem(endpoint: str | None = None, region: str = "us-east-1",
-                  access_key: str | None = None, secret_key: str | None = None,
-                  allow_bucket_creation: bool = False) -> pafs.S3FileSystem:
+def s3_filesystem(
+    endpoint: str | None = None,
+    region: str = "us-east-1",
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    allow_bucket_creation: bool = False,
+) -> pafs.S3FileSystem:
     scheme = "http" if endpoint and endpoint.startswith("http://") else "https"
-    return pafs.S3FileSystem(endpoint_override=endpoint.split("://", 1)[-1] if endpoint else None,
-                             scheme=scheme, region=region, access_key=access_key, secret_key=secret_key,
-                             allow_bucket_creation=allow_bucket_creation)
+    return pafs.S3FileSystem(
+        endpoint_override=endpoint.split("://", 1)[-1] if endpoint else None,
+        scheme=scheme,
+        region=region,
+        access_key=access_key,
+        secret_key=secret_key,
+        allow_bucket_creation=allow_bucket_creation,
+    )
 
 
 def upload(root: str | Path, fs: pafs.FileSystem, prefix: str) -> int:
@@ -33,16 +42,14 @@ def upload(root: str | Path, fs: pafs.FileSystem, prefix: str) -> int:
         rel = Path(info.path).relative_to(root)
         if info.type != pafs.FileType.File or rel.parts[0].startswith("_") or rel.name.startswith("."):
             continue
-        pafs.copy_files(info.path, f"{prefix}/{rel.as_posix()}", source_filesystem=local,
-                        destination_filesystem=fs)
+        pafs.copy_files(info.path, f"{prefix}/{rel.as_posix()}", source_filesystem=local, destination_filesystem=fs)
         n += 1
     return n
 
 
 def connect(fs: pafs.FileSystem, prefix: str) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with a ``traces`` view over the objects under ``prefix``."""
-    dataset = ds.dataset(prefix, filesystem=fs, format="parquet", partitioning="hive",
-                         exclude_invalid_files=True)
+    dataset = ds.dataset(prefix, filesystem=fs, format="parquet", partitioning="hive", exclude_invalid_files=True)
     con = duckdb.connect()
     con.register("traces", dataset)
     return con

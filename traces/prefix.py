@@ -52,8 +52,7 @@ class PrefixEncoder:
             if ref is not None:
                 shared = common_prefix_len(arr, self._turns[ref][2])
                 if shared >= self.min_shared:
-                    out.update(prompt_prefix_trace_id=ref, prompt_prefix_len=shared,
-                               prompt_new_token_ids=prompt[shared:])
+                    out.update(prompt_prefix_trace_id=ref, prompt_prefix_len=shared, prompt_new_token_ids=prompt[shared:])
         if not session or record.get("http_status", 200) != 200:
             return out, None
         seq = np.concatenate([arr, np.asarray(record.get("completion_token_ids") or [], dtype=np.int32)])
@@ -114,7 +113,7 @@ def reconstruct_prompts(rows: dict[str, dict]) -> dict[str, list[int]]:
                 full[t] = new
             else:
                 base = full[ref] + list(rows[ref].get("completion_token_ids") or [])
-                full[t] = base[:row["prompt_prefix_len"]] + new
+                full[t] = base[: row["prompt_prefix_len"]] + new
         return full[tid]
 
     for tid in rows:

@@ -33,64 +33,69 @@ SCHEMA_VERSION = 4
 
 _ts = pa.timestamp("us", tz="UTC")
 
-TRACE_SCHEMA = pa.schema([
-    ("schema_version", pa.int16()),
-    ("trace_id", pa.string()),
-    ("gen_ai_conversation_id", pa.string()),        # session id (X-Session-ID)
-    ("parent_trace_id", pa.string()),
-    ("team", pa.string()),
-    ("api_key_id", pa.string()),
-    ("gen_ai_operation_name", pa.string()),         # "chat" | "text_completion"
-    ("gen_ai_request_model", pa.string()),          # the alias the client asked for
-    ("gen_ai_response_model", pa.string()),         # the engine-side model name that served it
-    ("checkpoint_version", pa.string()),
-    ("deployment", pa.string()),
-    ("worker_id", pa.string()),
-    ("gen_ai_response_id", pa.string()),
-    ("stream", pa.bool_()),
-    ("gen_ai_input_messages", pa.string()),         # JSON: messages, or the completion prompt
-    ("gen_ai_tool_definitions", pa.string()),       # JSON: tools
-    ("tool_choice", pa.string()),                   # JSON
-    ("sampling_params", pa.string()),               # JSON: temperature, top_p, max_tokens, seed...
-    ("response_content", pa.string()),
-    ("response_reasoning", pa.string()),
-    ("response_tool_calls", pa.string()),           # JSON: OpenAI tool_calls
-    ("finish_reason", pa.string()),
-    ("prompt_prefix_trace_id", pa.string()),        # earlier turn whose tokens this prompt extends
-    ("prompt_prefix_len", pa.int32()),              # tokens taken from that turn's prompt+completion
-    ("prompt_new_token_ids", pa.list_(pa.int32())),  # the rest of the prompt (all of it if no ref)
-    ("completion_token_ids", pa.list_(pa.int32())),
-    ("completion_logprobs", pa.list_(pa.float32())),
-    ("time_received", _ts),
-    ("time_admitted", _ts),
-    ("time_first_token", _ts),
-    ("time_done", _ts),
-    ("queue_wait_ms", pa.float64()),
-    ("ttft_ms", pa.float64()),
-    ("mean_itl_ms", pa.float64()),
-    ("gen_ai_usage_input_tokens", pa.int32()),
-    ("gen_ai_usage_output_tokens", pa.int32()),
-    ("gen_ai_usage_cache_read_input_tokens", pa.int32()),
-    ("http_status", pa.int16()),
-    ("error", pa.string()),
-    ("outcome", pa.string()),                       # ok | client_gone | upstream_error | timeout | ...
-    ("env_id", pa.string()),
-    ("example_id", pa.string()),
-    ("rollout_id", pa.string()),
-    ("batch_id", pa.string()),                      # the Batch API batch this line belongs to
-    ("custom_id", pa.string()),                     # the line's own id in that batch
-], metadata={"flywheel.schema_version": str(SCHEMA_VERSION)})
+TRACE_SCHEMA = pa.schema(
+    [
+        ("schema_version", pa.int16()),
+        ("trace_id", pa.string()),
+        ("gen_ai_conversation_id", pa.string()),  # session id (X-Session-ID)
+        ("parent_trace_id", pa.string()),
+        ("team", pa.string()),
+        ("api_key_id", pa.string()),
+        ("gen_ai_operation_name", pa.string()),  # "chat" | "text_completion"
+        ("gen_ai_request_model", pa.string()),  # the alias the client asked for
+        ("gen_ai_response_model", pa.string()),  # the engine-side model name that served it
+        ("checkpoint_version", pa.string()),
+        ("deployment", pa.string()),
+        ("worker_id", pa.string()),
+        ("gen_ai_response_id", pa.string()),
+        ("stream", pa.bool_()),
+        ("gen_ai_input_messages", pa.string()),  # JSON: messages, or the completion prompt
+        ("gen_ai_tool_definitions", pa.string()),  # JSON: tools
+        ("tool_choice", pa.string()),  # JSON
+        ("sampling_params", pa.string()),  # JSON: temperature, top_p, max_tokens, seed...
+        ("response_content", pa.string()),
+        ("response_reasoning", pa.string()),
+        ("response_tool_calls", pa.string()),  # JSON: OpenAI tool_calls
+        ("finish_reason", pa.string()),
+        ("prompt_prefix_trace_id", pa.string()),  # earlier turn whose tokens this prompt extends
+        ("prompt_prefix_len", pa.int32()),  # tokens taken from that turn's prompt+completion
+        ("prompt_new_token_ids", pa.list_(pa.int32())),  # the rest of the prompt (all of it if no ref)
+        ("completion_token_ids", pa.list_(pa.int32())),
+        ("completion_logprobs", pa.list_(pa.float32())),
+        ("time_received", _ts),
+        ("time_admitted", _ts),
+        ("time_first_token", _ts),
+        ("time_done", _ts),
+        ("queue_wait_ms", pa.float64()),
+        ("ttft_ms", pa.float64()),
+        ("mean_itl_ms", pa.float64()),
+        ("gen_ai_usage_input_tokens", pa.int32()),
+        ("gen_ai_usage_output_tokens", pa.int32()),
+        ("gen_ai_usage_cache_read_input_tokens", pa.int32()),
+        ("http_status", pa.int16()),
+        ("error", pa.string()),
+        ("outcome", pa.string()),  # ok | client_gone | upstream_error | timeout | ...
+        ("env_id", pa.string()),
+        ("example_id", pa.string()),
+        ("rollout_id", pa.string()),
+        ("batch_id", pa.string()),  # the Batch API batch this line belongs to
+        ("custom_id", pa.string()),  # the line's own id in that batch
+    ],
+    metadata={"flywheel.schema_version": str(SCHEMA_VERSION)},
+)
 
 # What a producer (the gateway) hands over: the stored fields, except that it gives the whole
 # prompt as `prompt_token_ids` and the writer turns it into a prefix reference.
-INPUT_FIELDS = frozenset(TRACE_SCHEMA.names) - {"prompt_prefix_trace_id", "prompt_prefix_len",
-                                                "prompt_new_token_ids"} | {"prompt_token_ids"}
+INPUT_FIELDS = frozenset(TRACE_SCHEMA.names) - {"prompt_prefix_trace_id", "prompt_prefix_len", "prompt_new_token_ids"} | {
+    "prompt_token_ids"
+}
 
 
 class TraceRecord(msgspec.Struct, kw_only=True):
     """One trace as a producer hands it over (:data:`INPUT_FIELDS`, less ``schema_version``,
     which the writer stamps): a field misspelt where a record is built fails there, not as a
     column that is silently empty. A unit test keeps it equal to :data:`TRACE_SCHEMA`."""
+
     trace_id: str
     gen_ai_conversation_id: str | None = None
     parent_trace_id: str | None = None
@@ -154,8 +159,11 @@ def check_record(record: dict) -> dict:
 
 # Numeric list columns travel through the spool as packed little-endian bytes: ~4x cheaper to
 # decode than msgpack lists, and they become Arrow list columns without a per-element loop.
-PACKED = {"prompt_new_token_ids": ("i", np.int32), "completion_token_ids": ("i", np.int32),
-          "completion_logprobs": ("f", np.float32)}
+PACKED = {
+    "prompt_new_token_ids": ("i", np.int32),
+    "completion_token_ids": ("i", np.int32),
+    "completion_logprobs": ("f", np.float32),
+}
 
 
 STORED_FIELDS = [f.name for f in TRACE_SCHEMA if f.name != "schema_version"]
@@ -182,8 +190,9 @@ def _packed_column(values: list, dtype, type_: pa.DataType) -> pa.Array:
         np.cumsum(lengths, out=offsets[1:])
         flat = np.frombuffer(b"".join(v for v in values if v is not None), dtype=dtype)
         mask = np.fromiter((v is None for v in values), bool, len(values))
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type_.value_type),
-                                        mask=pa.array(mask) if mask.any() else None)
+        return pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(flat, type_.value_type), mask=pa.array(mask) if mask.any() else None
+        )
     return pa.array([np.frombuffer(v, dtype).tolist() if isinstance(v, bytes) else v for v in values], type_)
 
 

@@ -68,7 +68,7 @@ def read_segment(path: Path) -> tuple[list[dict], int]:
     while pos + _HEADER.size <= len(data):
         length, crc = _HEADER.unpack_from(data, pos)
         end = pos + _HEADER.size + length
-        payload = data[pos + _HEADER.size:end]
+        payload = data[pos + _HEADER.size : end]
         if end > len(data) or zlib.crc32(payload) != crc:
             break
         records.append(_decoder.decode(payload))
@@ -91,8 +91,7 @@ def _lock(directory: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise SpoolLocked(f"{directory} is in use by another live process; each writer needs its "
-                          "own instance name") from None
+        raise SpoolLocked(f"{directory} is in use by another live process; each writer needs its own instance name") from None
     return fd
 
 
@@ -108,15 +107,15 @@ class Spool:
         self.lifetime = new_lifetime()
         self._seq = 1
         self._header = _frame(_encoder.encode(header)) if header is not None else b""
-        self._fd: int | None = None      # the open segment; opened by the first write into it
-        self._offset = 0                 # bytes of intact frames in it
+        self._fd: int | None = None  # the open segment; opened by the first write into it
+        self._offset = 0  # bytes of intact frames in it
         self._records_in_segment = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards segment rotation against the writer thread
         self._closed = False
         self._ticket_lock = threading.Lock()  # ticket order == queue order
         self._next_ticket = 0
-        self._durable = -1                    # every ticket <= this one is on disk or failed
+        self._durable = -1  # every ticket <= this one is on disk or failed
         self._failed: dict[int, BaseException] = {}
         self._durable_cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="trace-spool", daemon=True)
@@ -216,7 +215,7 @@ class Spool:
             buf = self._header + buf  # every segment starts with the header, so it decodes alone
         view = memoryview(buf)
         while view:
-            view = view[os.write(self._fd, view):]
+            view = view[os.write(self._fd, view) :]
         if self.fsync:
             os.fsync(self._fd)
         self._offset += len(buf)

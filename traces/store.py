@@ -32,8 +32,10 @@ from traces.housekeeping import feedback_partitions, partitions, visible_files
 from traces.prefix import reconstruct_prompts
 from traces.schema import TRACE_SCHEMA
 
-LAYOUTS = ("date=*/model=*/*.parquet",   # schema v2 and later
-           "date=*/*.parquet")           # the first cut's layout (schema v1)
+LAYOUTS = (
+    "date=*/model=*/*.parquet",  # schema v2 and later
+    "date=*/*.parquet",
+)  # the first cut's layout (schema v1)
 VIEWS = ("traces", "traces_full", "sessions", "usage_by_team", "feedback", "rewards")
 
 _FULL_SQL = """
@@ -95,9 +97,16 @@ def _sql_str(s: str) -> str:
 
 
 class TraceStore:
-    def __init__(self, root: str | Path, team: str | None = None, sandbox: bool = False,
-                 threads: int | None = None, memory_limit: str = "1GB", spill_dir: str | Path | None = None,
-                 max_spill_bytes: int = 0):
+    def __init__(
+        self,
+        root: str | Path,
+        team: str | None = None,
+        sandbox: bool = False,
+        threads: int | None = None,
+        memory_limit: str = "1GB",
+        spill_dir: str | Path | None = None,
+        max_spill_bytes: int = 0,
+    ):
         """``memory_limit`` bounds DuckDB's buffer pool (not every string an expression builds:
         a sandboxed caller bounds the process too, see ``serve.query_pool``). A sandboxed store
         spills at most ``max_spill_bytes`` into ``spill_dir`` (0 or no directory: never)."""
@@ -127,16 +136,17 @@ class TraceStore:
             # A team's connection holds nothing unfiltered: its rows come through an Arrow
             # dataset filtered to the team, and DuckDB itself may open no file at all, so no
             # name, table function or catalog trick can reach another team's rows.
-            self.con.register("_traces_raw", _team_dataset(self.root, current + legacy, TRACE_SCHEMA,
-                                                          self.team, hive=True))
+            self.con.register("_traces_raw", _team_dataset(self.root, current + legacy, TRACE_SCHEMA, self.team, hive=True))
         else:
             sources = []
             if current:
                 files = "[" + ", ".join(_sql_str(str(f)) for f in current) + "]"
                 sources.append(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true)")
             if legacy:
-                sources.append(f"SELECT * FROM read_parquet({_sql_str(str(self.root / LAYOUTS[1]))}, "
-                               f"hive_partitioning = true, union_by_name = true)")
+                sources.append(
+                    f"SELECT * FROM read_parquet({_sql_str(str(self.root / LAYOUTS[1]))}, "
+                    f"hive_partitioning = true, union_by_name = true)"
+                )
             if sources:
                 raw = " UNION ALL BY NAME ".join(sources)
             else:  # a glob that matches nothing is an error in DuckDB: serve an empty, typed view
@@ -147,8 +157,11 @@ class TraceStore:
         cols = []
         for f in TRACE_SCHEMA:
             if f.name == "prompt_new_token_ids" and "prompt_token_ids" in have:
-                cols.append("coalesce(prompt_new_token_ids, prompt_token_ids) AS prompt_new_token_ids"
-                            if f.name in have else "prompt_token_ids AS prompt_new_token_ids")
+                cols.append(
+                    "coalesce(prompt_new_token_ids, prompt_token_ids) AS prompt_new_token_ids"
+                    if f.name in have
+                    else "prompt_token_ids AS prompt_new_token_ids"
+                )
             elif f.name in have:
                 cols.append(f.name)
             else:  # a column newer than every file: null, typed
@@ -162,8 +175,7 @@ class TraceStore:
         # bound as a list of files, as the traces are, so a compaction cannot show a row twice
         fb_files = [f for part in feedback_partitions(self.root) for f in visible_files(part)]
         if self.team is not None:
-            self.con.register("_feedback_raw", _team_dataset(self.root, fb_files, FEEDBACK_SCHEMA,
-                                                            self.team, hive=False))
+            self.con.register("_feedback_raw", _team_dataset(self.root, fb_files, FEEDBACK_SCHEMA, self.team, hive=False))
             fb = "SELECT * FROM _feedback_raw"
         elif fb_files:
             files = "[" + ", ".join(_sql_str(str(f)) for f in fb_files) + "]"
@@ -209,8 +221,9 @@ class TraceStore:
         self.refresh()
         return self._fetch(query, limit, params)
 
-    def batches(self, query: str, params: list | None = None,
-                rows_per_batch: int = 256) -> tuple[list[str], Iterator[pa.RecordBatch]]:
+    def batches(
+        self, query: str, params: list | None = None, rows_per_batch: int = 256
+    ) -> tuple[list[str], Iterator[pa.RecordBatch]]:
         """The query's column names and its rows as they stream out of DuckDB, a batch at a
         time, so a caller can stop once it has read enough. A file of the snapshot removed
         meanwhile raises :class:`SnapshotGone`, as ``sql`` does on a sandboxed store."""
@@ -239,17 +252,26 @@ class TraceStore:
         cols = "trace_id, prompt_prefix_trace_id, prompt_prefix_len, prompt_new_token_ids, completion_token_ids"
         ids = ", ".join(_sql_str(t) for t in trace_ids)
         # One scan for the sessions involved; references normally stay inside a session.
-        rows = {r["trace_id"]: r for r in self.con.sql(
-            f"SELECT {cols} FROM traces WHERE trace_id IN ({ids}) OR gen_ai_conversation_id IN "
-            f"(SELECT gen_ai_conversation_id FROM traces WHERE trace_id IN ({ids}))"
-        ).to_arrow_table().to_pylist()}
+        rows = {
+            r["trace_id"]: r
+            for r in self.con.sql(
+                f"SELECT {cols} FROM traces WHERE trace_id IN ({ids}) OR gen_ai_conversation_id IN "
+                f"(SELECT gen_ai_conversation_id FROM traces WHERE trace_id IN ({ids}))"
+            )
+            .to_arrow_table()
+            .to_pylist()
+        }
         while True:  # follow references that leave the session (explicit X-Parent-Trace-ID)
-            missing = {r["prompt_prefix_trace_id"] for r in rows.values()
-                       if r["prompt_prefix_trace_id"] and r["prompt_prefix_trace_id"] not in rows}
+            missing = {
+                r["prompt_prefix_trace_id"]
+                for r in rows.values()
+                if r["prompt_prefix_trace_id"] and r["prompt_prefix_trace_id"] not in rows
+            }
             if not missing:
                 break
-            more = self.con.sql(f"SELECT {cols} FROM traces WHERE trace_id IN "
-                                    f"({', '.join(_sql_str(t) for t in missing)})").to_arrow_table()
+            more = self.con.sql(
+                f"SELECT {cols} FROM traces WHERE trace_id IN ({', '.join(_sql_str(t) for t in missing)})"
+            ).to_arrow_table()
             if more.num_rows == 0:
                 break
             rows.update({r["trace_id"]: r for r in more.to_pylist()})
@@ -268,9 +290,13 @@ def _team_dataset(root: Path, files: list[Path], schema: pa.Schema, team: str, h
 
     schemas = [pq.read_schema(f) for f in files] + [schema] + ([_PARTITIONS] if hive else [])
     unified = pa.unify_schemas(schemas, promote_options="permissive")
-    dataset = ds.dataset([str(f) for f in files], schema=unified, format="parquet",
-                         partitioning=ds.partitioning(_PARTITIONS, flavor="hive") if hive else None,
-                         partition_base_dir=str(root) if hive else None)
+    dataset = ds.dataset(
+        [str(f) for f in files],
+        schema=unified,
+        format="parquet",
+        partitioning=ds.partitioning(_PARTITIONS, flavor="hive") if hive else None,
+        partition_base_dir=str(root) if hive else None,
+    )
     return dataset.filter(ds.field("team") == team)
 
 
@@ -293,6 +319,12 @@ def _file_gone(exc: duckdb.IOException) -> bool:
 def _duck_type(t: pa.DataType) -> str:
     if pa.types.is_list(t):
         return _duck_type(t.value_type) + "[]"
-    return {pa.string(): "VARCHAR", pa.int16(): "SMALLINT", pa.int32(): "INTEGER",
-            pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
-            pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ"}[t]
+    return {
+        pa.string(): "VARCHAR",
+        pa.int16(): "SMALLINT",
+        pa.int32(): "INTEGER",
+        pa.float32(): "FLOAT",
+        pa.float64(): "DOUBLE",
+        pa.bool_(): "BOOLEAN",
+        pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+    }[t]

@@ -61,8 +61,15 @@ def converted_name(instance: str, segment: Path) -> str:
 
 
 class TraceWriter:
-    def __init__(self, root: str | Path, instance: str = "default", max_batch: int = 10_000,
-                 max_age_s: float = 1.0, fsync: bool = True, prefix_refs: bool = True):
+    def __init__(
+        self,
+        root: str | Path,
+        instance: str = "default",
+        max_batch: int = 10_000,
+        max_age_s: float = 1.0,
+        fsync: bool = True,
+        prefix_refs: bool = True,
+    ):
         self.root, self.instance = Path(root), instance
         self.max_batch, self.max_age_s = max_batch, max_age_s
         private_dirs(self.root)
@@ -86,11 +93,13 @@ class TraceWriter:
         date, _ = partition_of(record)
         row, remember = self.prefix.encode(record, date)
         if remember is not None:  # a reference for later turns once on disk, never before
+
             def durable(error: BaseException | None, then=on_durable) -> None:
                 if error is None:
                     remember()
                 if then is not None:
                     then(error)
+
             on_durable = durable
         return self.spool.append(to_row(row), on_durable)
 
@@ -163,8 +172,7 @@ class TraceWriter:
         by_id = {r[tid]: r for r in rows}  # a replayed id keeps its last copy
         groups: dict[tuple[str, str], list[list]] = {}
         for r in by_id.values():
-            groups.setdefault(partition_of({"time_received": r[ts], "gen_ai_request_model": r[model]}),
-                              []).append(r)
+            groups.setdefault(partition_of({"time_received": r[ts], "gen_ai_request_model": r[model]}), []).append(r)
         for (date, model), rows in groups.items():
             part = private_dirs(self.root / f"date={date}" / f"model={model}")
             name = converted_name(self.instance, segment)
@@ -174,7 +182,6 @@ class TraceWriter:
         segment.unlink()
         fsync_path(segment.parent)
         return len(by_id)
-
 
 
 def read_rows(segment: Path) -> tuple[list[str], list[list]]:

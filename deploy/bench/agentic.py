@@ -35,6 +35,7 @@ WAITING_GAUGES = ("dynamo_frontend_queued_requests", "vllm:num_requests_waiting"
 class Target:
     """Where requests go: the Dynamo frontend (its own session header), or gateway replicas (taken
     in turn, request by request, with a key; sessions as clients send them, ``X-Session-ID``)."""
+
     urls: list[str]
     headers: dict[str, str] = field(default_factory=dict)
     session_header: str = "x-dynamo-session-id"
@@ -46,13 +47,29 @@ class Target:
 
 
 async def send(client: httpx.AsyncClient, target: Target, model: str, req: Request, out: list[dict]) -> None:
-    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
-            "nvext": {"extra_fields": ["worker_id"]}}
+    body = {
+        "model": model,
+        "prompt": req.prompt,
+        "max_tokens": req.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "nvext": {"extra_fields": ["worker_id"]},
+    }
     headers = {**target.headers, **({target.session_header: req.session} if req.session else {})}
     url = target.next_url()
-    rec = {"sent": time.perf_counter(), "prompt": len(req.prompt), "prompt_ids": req.prompt,
-           "session": req.session, "tokens": [], "cached": 0, "worker": None, "error": None, "text": ""}
+    rec = {
+        "sent": time.perf_counter(),
+        "prompt": len(req.prompt),
+        "prompt_ids": req.prompt,
+        "session": req.session,
+        "tokens": [],
+        "cached": 0,
+        "worker": None,
+        "error": None,
+        "text": "",
+    }
     out.append(rec)
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as r:
@@ -96,8 +113,9 @@ async def sample_waiting(urls: list[str], samples: list[float], stop: asyncio.Ev
                 pass
 
 
-async def drive(target: Target, model: str, jobs: list[Job], concurrency: int,
-                metrics_urls: list[str]) -> tuple[list[dict], float, list[float]]:
+async def drive(
+    target: Target, model: str, jobs: list[Job], concurrency: int, metrics_urls: list[str]
+) -> tuple[list[dict], float, list[float]]:
     out: list[dict] = []
     waiting: list[float] = []
     stop = asyncio.Event()
@@ -106,9 +124,11 @@ async def drive(target: Target, model: str, jobs: list[Job], concurrency: int,
         sampler = asyncio.create_task(sample_waiting(metrics_urls, waiting, stop))
         t0 = time.perf_counter()
         if all(j.requests[0].at_s is not None for j in jobs):  # trace replay: open loop
+
             async def at(req: Request):
                 await asyncio.sleep(max(0.0, t0 + req.at_s - time.perf_counter()))
                 await send(client, target, model, req, out)
+
             await asyncio.gather(*(at(j.requests[0]) for j in jobs))
         else:
             queue = list(reversed(jobs))
@@ -117,6 +137,7 @@ async def drive(target: Target, model: str, jobs: list[Job], concurrency: int,
                 while queue:
                     for req in queue.pop().requests:
                         await send(client, target, model, req, out)
+
             await asyncio.gather(*(user() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
         stop.set()
@@ -142,25 +163,37 @@ def summarize(records: list[dict], wall: float, waiting: list[float], block: int
             session_workers.setdefault(r["session"], set()).add(r["worker"])
     ms = lambda xs, q: round(pct(xs, q) * 1000, 2)  # noqa: E731
     return {
-        "requests": len(records), "errors": len(records) - len(ok), "wall_s": round(wall, 2),
-        "ttft_ms": {"p50": ms(ttft, .5), "p90": ms(ttft, .9), "p99": ms(ttft, .99)},
-        "session_ttft_ms": {"p50": ms(session_ttft, .5), "p90": ms(session_ttft, .9), "p99": ms(session_ttft, .99)},
-        "itl_ms": {"p50": ms(itl, .5), "p90": ms(itl, .9), "p99": ms(itl, .99)},
-        "tokens_per_s_per_user": {"p10": round(pct(per_user, .1), 1), "p50": round(pct(per_user, .5), 1)},
+        "requests": len(records),
+        "errors": len(records) - len(ok),
+        "wall_s": round(wall, 2),
+        "ttft_ms": {"p50": ms(ttft, 0.5), "p90": ms(ttft, 0.9), "p99": ms(ttft, 0.99)},
+        "session_ttft_ms": {"p50": ms(session_ttft, 0.5), "p90": ms(session_ttft, 0.9), "p99": ms(session_ttft, 0.99)},
+        "itl_ms": {"p50": ms(itl, 0.5), "p90": ms(itl, 0.9), "p99": ms(itl, 0.99)},
+        "tokens_per_s_per_user": {"p10": round(pct(per_user, 0.1), 1), "p50": round(pct(per_user, 0.5), 1)},
         "output_tokens_per_s": round(out_tokens / wall, 1),
         "queue_wait_ms": round(mean_waiting / (len(ok) / wall) * 1000, 1) if ok else None,
         "mean_waiting_requests": round(mean_waiting, 2),
         "prefix_reuse_of_ideal": round(sum(r["cached"] for r in ok) / ideal_total, 3) if ideal_total else None,
-        "cached_tokens": sum(r["cached"] for r in ok), "ideal_cached_tokens": ideal_total,
-        "prompt_tokens": sum(r["prompt"] for r in ok), "workers_used": len(workers),
-        "sessions_on_one_worker": round(sum(len(w) == 1 for w in session_workers.values())
-                                        / len(session_workers), 3) if session_workers else None,
-        "_ttft": ttft, "_itl": itl,
+        "cached_tokens": sum(r["cached"] for r in ok),
+        "ideal_cached_tokens": ideal_total,
+        "prompt_tokens": sum(r["prompt"] for r in ok),
+        "workers_used": len(workers),
+        "sessions_on_one_worker": round(sum(len(w) == 1 for w in session_workers.values()) / len(session_workers), 3)
+        if session_workers
+        else None,
+        "_ttft": ttft,
+        "_itl": itl,
     }
 
 
-def run(url: str | Target, jobs: list[Job], concurrency: int, model: str = "tiny", block: int = 32,
-        metrics_urls: list[str] | None = None) -> dict:
+def run(
+    url: str | Target,
+    jobs: list[Job],
+    concurrency: int,
+    model: str = "tiny",
+    block: int = 32,
+    metrics_urls: list[str] | None = None,
+) -> dict:
     """``url``: the Dynamo frontend, or a :class:`Target` (gateway replicas)."""
     target = url if isinstance(url, Target) else Target([url])
     records, wall, waiting = asyncio.run(drive(target, model, jobs, concurrency, metrics_urls or target.urls[:1]))
@@ -178,8 +211,10 @@ def public(result: dict) -> dict:
 
 def plot(results: dict[str, dict], path: Path, title: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name, r in results.items():
         for ax, key in ((a, "_ttft"), (b, "_itl")):
@@ -199,8 +234,12 @@ def plot(results: dict[str, dict], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8100", help="the Dynamo frontend")
-    p.add_argument("--metrics-url", action="append", default=None,
-                   help="where to sample waiting requests (frontend, workers' system ports); repeatable")
+    p.add_argument(
+        "--metrics-url",
+        action="append",
+        default=None,
+        help="where to sample waiting requests (frontend, workers' system ports); repeatable",
+    )
     p.add_argument("--model", default="tiny")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--block", type=int, default=32, help="the engines' KV block, for the ideal reuse")

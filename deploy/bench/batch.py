@@ -36,18 +36,22 @@ async def direct(url: str, n: int, max_tokens: int, concurrency: int) -> float:
     """Lines/s for n requests sent by ``concurrency`` closed-loop clients."""
     todo = iter(range(n))
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as http:
+
         async def client():
             for i in todo:
                 r = await http.post(f"{url}/v1/chat/completions", json=_body(i, max_tokens))
                 r.raise_for_status()
+
         t0 = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         return n / (time.perf_counter() - t0)
 
 
 def submit(sdk: OpenAI, n: int, max_tokens: int):
-    lines = "\n".join(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
-                                  "body": _body(i, max_tokens)}) for i in range(n))
+    lines = "\n".join(
+        json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions", "body": _body(i, max_tokens)})
+        for i in range(n)
+    )
     f = sdk.files.create(file=("bench.jsonl", io.BytesIO(lines.encode())), purpose="batch")
     return sdk.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
 
@@ -72,9 +76,12 @@ async def probes(url: str, rate: float, seconds: float, out: dict) -> None:
 
 
 def _summary(out: dict) -> dict:
-    return {"ttft_p50_ms": round(pct(out["p_ttft"], 0.5) * 1000, 1),
-            "ttft_p99_ms": round(pct(out["p_ttft"], 0.99) * 1000, 1), "n": len(out["p_ttft"]),
-            "errors": out["p_errors"]}
+    return {
+        "ttft_p50_ms": round(pct(out["p_ttft"], 0.5) * 1000, 1),
+        "ttft_p99_ms": round(pct(out["p_ttft"], 0.99) * 1000, 1),
+        "n": len(out["p_ttft"]),
+        "errors": out["p_errors"],
+    }
 
 
 async def interleaved(sdk: OpenAI, args) -> dict:
@@ -101,11 +108,15 @@ async def interleaved(sdk: OpenAI, args) -> dict:
         for src, dst in ((a, alone), (b, with_batch)):
             dst["p_ttft"] += src["p_ttft"]
             dst["p_errors"] += src["p_errors"]
-    report = {"interactive_alone": _summary(alone), "interactive_with_batch": _summary(with_batch),
-              "interactive_ttft_p50_ratio_per_round": rounds,
-              "batch_lines_per_s_during_probes": round(sum(during) / len(during), 1)}
+    report = {
+        "interactive_alone": _summary(alone),
+        "interactive_with_batch": _summary(with_batch),
+        "interactive_ttft_p50_ratio_per_round": rounds,
+        "batch_lines_per_s_during_probes": round(sum(during) / len(during), 1),
+    }
     report["interactive_ttft_p50_ratio"] = round(
-        report["interactive_with_batch"]["ttft_p50_ms"] / report["interactive_alone"]["ttft_p50_ms"], 3)
+        report["interactive_with_batch"]["ttft_p50_ms"] / report["interactive_alone"]["ttft_p50_ms"], 3
+    )
     return report
 
 

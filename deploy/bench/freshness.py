@@ -80,10 +80,23 @@ def main() -> None:
     stop.set()
     reader.join()
     lag = sorted(seen[t] - answered[t] for t in seen)
-    print(json.dumps({"rate": args.rate, "seconds": args.seconds, "answered": len(answered), "errors": errors,
-                      "never_seen": len(answered) - len(seen),
-                      "freshness_s": {"p50": round(pct(lag, 0.5), 3), "p99": round(pct(lag, 0.99), 3),
-                                      "max": round(lag[-1], 3) if lag else None}}, indent=2))
+    print(
+        json.dumps(
+            {
+                "rate": args.rate,
+                "seconds": args.seconds,
+                "answered": len(answered),
+                "errors": errors,
+                "never_seen": len(answered) - len(seen),
+                "freshness_s": {
+                    "p50": round(pct(lag, 0.5), 3),
+                    "p99": round(pct(lag, 0.99), 3),
+                    "max": round(lag[-1], 3) if lag else None,
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

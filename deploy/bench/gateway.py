@@ -79,8 +79,7 @@ async def run_rate(urls: dict[str, str], rate: float, seconds: float, body: dict
             tasks.append(asyncio.create_task(one(client, urls[key], out, key, body)))
         achieved = n / (time.perf_counter() - start)
         await asyncio.gather(*tasks)
-    row = {"rate": rate, "achieved_send_rate": round(achieved, 1),
-           "errors": sum(out[f"{p}_errors"] for p in PATHS)}
+    row = {"rate": rate, "achieved_send_rate": round(achieved, 1), "errors": sum(out[f"{p}_errors"] for p in PATHS)}
     for metric in ("ttft", "total"):
         for q, name in ((0.5, "p50"), (0.99, "p99")):
             d = pct(out[f"direct_{metric}"], q) * 1000
@@ -102,8 +101,9 @@ def main() -> None:
     args = ap.parse_args()
     body = chat_body(args.prompt_kb)
     relay_url = f"http://127.0.0.1:{args.relay_port}"
-    relay = subprocess.Popen([sys.executable, "-m", "deploy.bench.relay", "--upstream", args.direct,
-                              "--port", str(args.relay_port)])
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "deploy.bench.relay", "--upstream", args.direct, "--port", str(args.relay_port)]
+    )
     try:
         for _ in range(100):
             try:
@@ -121,10 +121,12 @@ def main() -> None:
     print(f"\nprompt: {len(json.dumps(body['messages'])) / 1024:.0f} KB")
     print("TTFT (ms)  direct p50 / p99   added by the gateway p50 / p99   added by the minimal relay p50 / p99   errors")
     for r in rows:
-        print(f"{r['rate']:>5.0f}/s   {r['ttft_p50_direct_ms']:>7.2f} / {r['ttft_p99_direct_ms']:<7.2f}"
-              f"     {r['ttft_p50_gw_added_ms']:>7.2f} / {r['ttft_p99_gw_added_ms']:<7.2f}"
-              f"                 {r['ttft_p50_relay_added_ms']:>7.2f} / {r['ttft_p99_relay_added_ms']:<7.2f}"
-              f"                   {r['errors']}")
+        print(
+            f"{r['rate']:>5.0f}/s   {r['ttft_p50_direct_ms']:>7.2f} / {r['ttft_p99_direct_ms']:<7.2f}"
+            f"     {r['ttft_p50_gw_added_ms']:>7.2f} / {r['ttft_p99_gw_added_ms']:<7.2f}"
+            f"                 {r['ttft_p50_relay_added_ms']:>7.2f} / {r['ttft_p99_relay_added_ms']:<7.2f}"
+            f"                   {r['errors']}"
+        )
     # a saturated deployment's queue swamps what the gateway adds (it even comes out negative):
     # only rates where the direct path is within 3x of its least-loaded p50 say anything
     floor = min(r["ttft_p50_direct_ms"] for r in rows)
@@ -133,8 +135,11 @@ def main() -> None:
         if r not in unsaturated:
             print(f"{r['rate']:.0f}/s: the deployment is saturated (direct p50 {r['ttft_p50_direct_ms']:.0f} ms)")
     ok = [r["rate"] for r in unsaturated if r["ttft_p99_gw_added_ms"] <= 5 and r["errors"] == 0]
-    print(f"highest unsaturated rate with the gateway's added p99 TTFT <= 5 ms: {max(ok):.0f}/s" if ok else
-          "at no unsaturated rate measured did the gateway's added p99 TTFT stay <= 5 ms")
+    print(
+        f"highest unsaturated rate with the gateway's added p99 TTFT <= 5 ms: {max(ok):.0f}/s"
+        if ok
+        else "at no unsaturated rate measured did the gateway's added p99 TTFT stay <= 5 ms"
+    )
 
 
 if __name__ == "__main__":

@@ -40,9 +40,11 @@ def main() -> None:
     kv = torch.randn(n_rows, 576, device=dev)
     rows = pack_rows(kv)
     cpu_rows = pack_rows(kv.cpu(), rows.latent_scale.cpu(), rows.rope_scale.cpu())
-    result = {"device": torch.cuda.get_device_name(),
-              "rows_bitexact_vs_cpu": bool(torch.equal(rows.data.cpu(), cpu_rows.data)),
-              "quantize_ms_200k_rows": timed(lambda: pack_rows(kv, rows.latent_scale, rows.rope_scale))}
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "rows_bitexact_vs_cpu": bool(torch.equal(rows.data.cpu(), cpu_rows.data)),
+        "quantize_ms_200k_rows": timed(lambda: pack_rows(kv, rows.latent_scale, rows.rope_scale)),
+    }
     fp8 = kv.to(torch.float8_e4m3fn)
     for t in (15, 20, 35):
         q = torch.randn(t, heads, 576, device=dev)
@@ -60,7 +62,8 @@ def main() -> None:
         result[f"decode_{t}_tokens"] = {
             "max_abs_err_vs_reference": float((tri - ref).abs().max()),
             "nvfp4_triton_ms": timed(lambda: sparse_mla_decode_triton(q, rows, idx, 0.04, block_k=64)),
-            "fp8_torch_ms": timed(fp8_path)}
+            "fp8_torch_ms": timed(fp8_path),
+        }
     print(json.dumps(result, indent=2))
 
 

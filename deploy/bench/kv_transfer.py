@@ -22,11 +22,13 @@ from kernels.kv_layout import CacheGeometry, request_blocks, transfer_plan
 
 def _agent(name: str):
     from nixl._api import nixl_agent, nixl_agent_config
+
     return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
 
 
 def _source(conn, nbytes: int, seed: int) -> None:
     import torch
+
     buf = torch.empty(nbytes, dtype=torch.uint8)
     buf.random_(generator=torch.Generator().manual_seed(seed))
     agent = _agent("src")
@@ -38,6 +40,7 @@ def _source(conn, nbytes: int, seed: int) -> None:
 
 def run(layout: str, geom: CacheGeometry, src_blocks: list[int], dst_blocks: list[int]) -> dict:
     import torch
+
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     total = geom.layers * geom.num_blocks * geom.block_bytes
@@ -64,10 +67,17 @@ def run(layout: str, geom: CacheGeometry, src_blocks: list[int], dst_blocks: lis
     # check: what arrived equals what the source holds at those places (regenerated here)
     src = torch.empty(total, dtype=torch.uint8)
     src.random_(generator=torch.Generator().manual_seed(7))
-    ok = all(torch.equal(dst[d:d + n], src[s:s + n]) for s, d, n in plan)
+    ok = all(torch.equal(dst[d : d + n], src[s : s + n]) for s, d, n in plan)
     agent.release_xfer_handle(handle)
-    return {"layout": layout, "state": state, "descriptors": len(plan), "MiB": round(moved / 2 ** 20, 1),
-            "seconds": round(seconds, 4), "GiB_per_s": round(moved / seconds / 2 ** 30, 2), "bytes_ok": ok}
+    return {
+        "layout": layout,
+        "state": state,
+        "descriptors": len(plan),
+        "MiB": round(moved / 2**20, 1),
+        "seconds": round(seconds, 4),
+        "GiB_per_s": round(moved / seconds / 2**30, 2),
+        "bytes_ok": ok,
+    }
 
 
 def main() -> None:

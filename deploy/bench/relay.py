@@ -24,9 +24,15 @@ def relay_app(upstream: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        up = await client.send(client.build_request("POST", f"{upstream}/v1/chat/completions",
-                                                    content=await request.body(),
-                                                    headers={"content-type": "application/json"}), stream=True)
+        up = await client.send(
+            client.build_request(
+                "POST",
+                f"{upstream}/v1/chat/completions",
+                content=await request.body(),
+                headers={"content-type": "application/json"},
+            ),
+            stream=True,
+        )
 
         async def body():
             try:

@@ -28,8 +28,7 @@ from feedback.registry import BASE, Registry
 from feedback.train import TrainConfig, train_full, train_lora
 
 ROWS = [{"prompt_token_ids": list(range(10, 40)), "completion_token_ids": [500, 501, 502, 503]}] * 8
-BODY = {"model": "tiny", "messages": [{"role": "user", "content": "Reverse the word: bench"}],
-        "max_tokens": 8, "temperature": 0}
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "Reverse the word: bench"}], "max_tokens": 8, "temperature": 0}
 
 
 async def around(gateway: str, rate: float, seconds: float, swap) -> dict:
@@ -67,12 +66,10 @@ async def around(gateway: str, rate: float, seconds: float, swap) -> dict:
     def phase(t: float) -> str:
         return "before" if t < window["start"] else "during" if t <= window["end"] else "after"
 
-    out = {"swap_s": round(window["end"] - window["start"], 3), "sent": len(sent),
-           "failed": sum(lat is None for _, lat in sent)}
+    out = {"swap_s": round(window["end"] - window["start"], 3), "sent": len(sent), "failed": sum(lat is None for _, lat in sent)}
     for name in ("before", "during", "after"):
         lats = [lat for t, lat in sent if phase(t) == name and lat is not None]
-        out[name] = {"n": len(lats), "p50_ms": round(pct(lats, 0.5) * 1e3, 1),
-                     "p99_ms": round(pct(lats, 0.99) * 1e3, 1)}
+        out[name] = {"n": len(lats), "p50_ms": round(pct(lats, 0.5) * 1e3, 1), "p99_ms": round(pct(lats, 0.99) * 1e3, 1)}
     return out
 
 
@@ -89,23 +86,24 @@ def main() -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory(prefix="swap-bench-") as tmp:
         registry = Registry(Path(tmp) / "checkpoints.json")  # the bench's versions stay out of yours
-        swap = HotSwap(gateway, gw.admin_key, registry, gw.deployments[0].name,
-                       cfg.worker.served_model_name, cfg.model_path)
-        made = {"lora": train_lora(cfg.model_path, ROWS, Path(tmp) / "lora", TrainConfig(steps=5)),
-                "full": train_full(cfg.model_path, ROWS, Path(tmp) / "full", TrainConfig(steps=5, lr=1e-3))}
+        swap = HotSwap(gateway, gw.admin_key, registry, gw.deployments[0].name, cfg.worker.served_model_name, cfg.model_path)
+        made = {
+            "lora": train_lora(cfg.model_path, ROWS, Path(tmp) / "lora", TrainConfig(steps=5)),
+            "full": train_full(cfg.model_path, ROWS, Path(tmp) / "full", TrainConfig(steps=5, lr=1e-3)),
+        }
         report = {"rate": args.rate, "seconds_each_side": args.seconds}
         swap.reset("tiny")
         for kind, path in made.items():
             version = f"bench-{kind}-{stamp}"
             registry.register(version, kind, path, str(cfg.model_path))
-            report[kind] = asyncio.run(around(gateway, args.rate, args.seconds,
-                                              lambda v=version: swap.deploy("tiny", v)))
+            report[kind] = asyncio.run(around(gateway, args.rate, args.seconds, lambda v=version: swap.deploy("tiny", v)))
             swap.reset("tiny")
             if kind == "lora":  # its directory goes with this run: leave no alias naming it
                 swap.unload_adapter("tiny", version)
         version = f"bench-full-{stamp}"
-        report["blue-green"] = asyncio.run(around(gateway, args.rate, args.seconds, lambda: swap.blue_green(
-            "tiny", version, BlueGreen(cfg))))
+        report["blue-green"] = asyncio.run(
+            around(gateway, args.rate, args.seconds, lambda: swap.blue_green("tiny", version, BlueGreen(cfg)))
+        )
         back = load_config(args.profile, args.overrides)  # the stack now runs the other slot
         swap.blue_green("tiny", BASE, BlueGreen(back))
     print(json.dumps(report, indent=2))

@@ -30,9 +30,12 @@ def offline_mask_cost(model_dir: str, tools: list[dict]) -> dict:
     tok = AutoTokenizer.from_pretrained(model_dir)
     info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok))
     compiled = xgr.GrammarCompiler(info).compile_grammar(
-        xgr.Grammar.from_ebnf(grammar_for(parse_tools({"tools": tools, "tool_choice": "required"}))))
-    text = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>"
-            "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>")
+        xgr.Grammar.from_ebnf(grammar_for(parse_tools({"tools": tools, "tool_choice": "required"})))
+    )
+    text = (
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>"
+        "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>"
+    )
     ids = tok.encode(text)
     fill, apply, accept = [], [], []
     for _ in range(20):
@@ -53,8 +56,15 @@ def offline_mask_cost(model_dir: str, tools: list[dict]) -> dict:
 
     def us(xs: list[float]) -> float:
         return round(statistics.median(xs) * 1e6, 1)
-    return {"vocab": info.vocab_size, "tokens_walked": len(ids), "fill_us": us(fill), "apply_us": us(apply),
-            "accept_us": us(accept), "total_us_per_token": round(us(fill) + us(apply) + us(accept), 1)}
+
+    return {
+        "vocab": info.vocab_size,
+        "tokens_walked": len(ids),
+        "fill_us": us(fill),
+        "apply_us": us(apply),
+        "accept_us": us(accept),
+        "total_us_per_token": round(us(fill) + us(apply) + us(accept), 1),
+    }
 
 
 def mean_itl_ms(url: str, body: dict) -> tuple[float, int]:
@@ -78,14 +88,32 @@ def main() -> None:
     from serve.tools.definitions import parse_tools
     from serve.tools.grammar import grammar_for
 
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 200},
-                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city", "days"], "additionalProperties": False}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "city": {"type": "string", "maxLength": 200},
+                        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                    },
+                    "required": ["city", "days"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
     result = {"offline_mask": offline_mask_cost(args.model_dir, tools)}
     grammar = grammar_for(parse_tools({"tools": tools, "tool_choice": "required"}))
-    base = {"model": "tiny", "messages": [{"role": "user", "content": "weather in Oslo?"}], "tools": tools,
-            "max_tokens": 48, "temperature": 1.0}
+    base = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "weather in Oslo?"}],
+        "tools": tools,
+        "max_tokens": 48,
+        "temperature": 1.0,
+    }
     runs = {"unconstrained": [], "constrained": []}
     for i in range(args.requests):  # interleaved, so machine noise hits both alike
         runs["unconstrained"].append(mean_itl_ms(args.frontend, {**base, "seed": i})[0])
@@ -94,7 +122,8 @@ def main() -> None:
     result["online_itl_ms"] = itl
     result["online_overhead_pct"] = round((itl["constrained"] / itl["unconstrained"] - 1) * 100, 1)
     result["offline_mask_pct_of_decode_step"] = round(
-        result["offline_mask"]["total_us_per_token"] / (itl["unconstrained"] * 1000) * 100, 2)
+        result["offline_mask"]["total_us_per_token"] / (itl["unconstrained"] * 1000) * 100, 2
+    )
     print(json.dumps(result, indent=2))
 
 

@@ -24,20 +24,37 @@ from traces.writer import TraceWriter
 
 def chat_record(i: int, rng: random.Random, prompt_len: int, completion_len: int) -> dict:
     now = datetime.now(timezone.utc)
-    msgs = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": " ".join(f"word{rng.randrange(1000)}" for _ in range(prompt_len // 2))}]
+    msgs = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": " ".join(f"word{rng.randrange(1000)}" for _ in range(prompt_len // 2))},
+    ]
     return {
-        "trace_id": f"tr-{i:012d}", "team": f"team{i % 7}", "api_key_id": "key-1",
-        "gen_ai_operation_name": "chat", "gen_ai_request_model": "tiny", "gen_ai_response_model": "tiny",
-        "checkpoint_version": "base", "deployment": "local", "worker_id": "123", "stream": bool(i % 2),
-        "gen_ai_input_messages": json.dumps(msgs), "sampling_params": '{"max_tokens": 256}',
-        "response_content": "x" * (completion_len * 4), "finish_reason": "stop",
+        "trace_id": f"tr-{i:012d}",
+        "team": f"team{i % 7}",
+        "api_key_id": "key-1",
+        "gen_ai_operation_name": "chat",
+        "gen_ai_request_model": "tiny",
+        "gen_ai_response_model": "tiny",
+        "checkpoint_version": "base",
+        "deployment": "local",
+        "worker_id": "123",
+        "stream": bool(i % 2),
+        "gen_ai_input_messages": json.dumps(msgs),
+        "sampling_params": '{"max_tokens": 256}',
+        "response_content": "x" * (completion_len * 4),
+        "finish_reason": "stop",
         "prompt_token_ids": [rng.randrange(4096) for _ in range(prompt_len)],
         "completion_token_ids": [rng.randrange(4096) for _ in range(completion_len)],
         "completion_logprobs": [-rng.random() for _ in range(completion_len)],
-        "time_received": now, "time_admitted": now, "time_first_token": now, "time_done": now,
-        "queue_wait_ms": 0.1, "ttft_ms": 12.5, "mean_itl_ms": 3.1,
-        "gen_ai_usage_input_tokens": prompt_len, "gen_ai_usage_output_tokens": completion_len,
+        "time_received": now,
+        "time_admitted": now,
+        "time_first_token": now,
+        "time_done": now,
+        "queue_wait_ms": 0.1,
+        "ttft_ms": 12.5,
+        "mean_itl_ms": 3.1,
+        "gen_ai_usage_input_tokens": prompt_len,
+        "gen_ai_usage_output_tokens": completion_len,
         "http_status": 200,
     }
 
@@ -62,10 +79,15 @@ def ingest(rows: int, prompt_len: int, completion_len: int) -> dict:
         on_disk = sum(p.stat().st_size for p in root.rglob("*.parquet"))
         stored = TraceStore(root).count()
         assert stored == rows, (stored, rows)
-        return {"rows": rows, "prompt_tokens": prompt_len, "completion_tokens": completion_len,
-                "durable_rows_per_s": round(rows / durable_s), "parquet_rows_per_s": round(rows / parquet_s),
-                "durable_MB_per_s": round(spool_bytes / durable_s / 1e6, 1),
-                "parquet_bytes_per_row": round(on_disk / rows)}
+        return {
+            "rows": rows,
+            "prompt_tokens": prompt_len,
+            "completion_tokens": completion_len,
+            "durable_rows_per_s": round(rows / durable_s),
+            "parquet_rows_per_s": round(rows / parquet_s),
+            "durable_MB_per_s": round(spool_bytes / durable_s / 1e6, 1),
+            "parquet_bytes_per_row": round(on_disk / rows),
+        }
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -86,8 +108,16 @@ def agentic_bytes(turns: int, start: int, step: int, out: int) -> dict:
         for t, (p, c) in enumerate(session):
             # durable before the next turn, as a client gets its answer only then (and only a
             # durable turn is a prefix reference)
-            writer.write({"trace_id": f"turn-{t:03d}", "gen_ai_conversation_id": "s", "gen_ai_request_model": "m",
-                          "prompt_token_ids": p, "completion_token_ids": c, "http_status": 200})
+            writer.write(
+                {
+                    "trace_id": f"turn-{t:03d}",
+                    "gen_ai_conversation_id": "s",
+                    "gen_ai_request_model": "m",
+                    "prompt_token_ids": p,
+                    "completion_token_ids": c,
+                    "http_status": 200,
+                }
+            )
         writer.close()
         size = sum(p.stat().st_size for p in root.rglob("*.parquet"))
         result[f"{mode}_bytes_per_turn"] = round(size / turns)
@@ -97,13 +127,13 @@ def agentic_bytes(turns: int, start: int, step: int, out: int) -> dict:
         shutil.rmtree(root, ignore_errors=True)
     # int32 ids compress little: ~4 bytes per new token is the floor
     result["new_tokens_only_bytes_per_turn"] = step * 4
-    result["ratio_whole_over_refs"] = round(result["whole_prompts_bytes_per_turn"]
-                                            / result["with_prefix_refs_bytes_per_turn"], 1)
+    result["ratio_whole_over_refs"] = round(result["whole_prompts_bytes_per_turn"] / result["with_prefix_refs_bytes_per_turn"], 1)
     return result
 
 
 def group_by(rows: int, files: int) -> dict:
     import duckdb
+
     root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
     try:
         con = duckdb.connect()
@@ -118,8 +148,10 @@ def group_by(rows: int, files: int) -> dict:
                   TIMESTAMPTZ '2026-11-01 00:00:00+00' + to_seconds(i % 86400) AS time_received
                   FROM range({per}) t(i)) TO '{part}/part-{f}.parquet' (FORMAT parquet, COMPRESSION zstd)""")
         store = TraceStore(root)
-        q = ("SELECT team, gen_ai_request_model, count(*) AS n, sum(gen_ai_usage_output_tokens) AS out, "
-             "avg(ttft_ms) AS ttft FROM traces GROUP BY ALL")
+        q = (
+            "SELECT team, gen_ai_request_model, count(*) AS n, sum(gen_ai_usage_output_tokens) AS out, "
+            "avg(ttft_ms) AS ttft FROM traces GROUP BY ALL"
+        )
         store.sql(q)  # warm the file metadata cache once, as a long-lived reader would
         times = []
         for _ in range(3):
@@ -137,9 +169,11 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=10_000_000, help="largest GROUP BY size")
     args = ap.parse_args()
     os.sched_setaffinity(0, {0})  # ingest on one core
-    results = {"ingest_200_tokens": ingest(args.rows, 150, 50),
-               "ingest_2k_tokens": ingest(max(args.rows // 10, 1000), 1800, 200),
-               "agentic_session": agentic_bytes(turns=20, start=140_000, step=6_000, out=1_000)}
+    results = {
+        "ingest_200_tokens": ingest(args.rows, 150, 50),
+        "ingest_2k_tokens": ingest(max(args.rows // 10, 1000), 1800, 200),
+        "agentic_session": agentic_bytes(turns=20, start=140_000, step=6_000, out=1_000),
+    }
     os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))  # queries may use both cores
     results["group_by_1M"] = group_by(1_000_000, 10)
     results["group_by_big"] = group_by(args.big, 20)

@@ -39,9 +39,10 @@ DAY_US, DAYS, TURNS, CHUNK = 86_400 * 10**6, 7, 5, 100_000  # CHUNK is a multipl
 MODELS, TEAMS = ["qwen3-8b", "llama-3.1-8b"], ["research", "evals", "product"]
 ENVS, TOOLS = ["swe", "math", "browse", "chat"], ["search", "read_file", "run_tests", "edit"]
 CHECKPOINTS, PAGE, MARKER = 20, 50, "_ui_bench.json"
-ERRORS = [("upstream timeout after 60 s", 504), ("engine overloaded, retry", 503),
-          ("context length exceeded", 400)]
-WORDS = list(dict.fromkeys("""the a to of and in is for that it with on this be as are by we you
+ERRORS = [("upstream timeout after 60 s", 504), ("engine overloaded, retry", 503), ("context length exceeded", 400)]
+WORDS = list(
+    dict.fromkeys(
+        """the a to of and in is for that it with on this be as are by we you
     not can from or an at have will if use but which file function test error value return code run
     should when one data all new list make add need what check fix first output input line type
     using case change also update call more build set like just then model step result path name
@@ -56,7 +57,9 @@ WORDS = list(dict.fromkeys("""the a to of and in is for that it with on this be 
     budget cost price order item cart payment invoice email message notify event schedule job task
     plan goal idea note draft summary report chart plot figure image video audio text word sentence
     paragraph page section chapter title author source link reference example sample demo guide
-    docs readme license issue ticket bug feature release deploy rollback monitor alert""".split()))
+    docs readme license issue ticket bug feature release deploy rollback monitor alert""".split()
+    )
+)
 TOPICS = """aardvark baklava cormorant dulcimer eucalyptus flamingo gazpacho harpsichord iguana
     jacaranda kumquat lorikeet marzipan narwhal ocelot pangolin quetzal rambutan salamander tamarind
     ukulele vicuna wombat xylophone yodel zeppelin anchovy bonsai cassowary dromedary edelweiss
@@ -90,8 +93,9 @@ def _text(rng, n: int, k: int, topic: pa.Array | None = None) -> pa.Array:
 def _lists(rng, lengths: np.ndarray, make, null: np.ndarray | None = None) -> pa.Array:
     offsets = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(make(int(offsets[-1]))),
-                                    mask=None if null is None else pa.array(null))
+    return pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(make(int(offsets[-1]))), mask=None if null is None else pa.array(null)
+    )
 
 
 def ts(us: np.ndarray) -> pa.Array:
@@ -134,22 +138,38 @@ def _chunk(rng, first: int, n: int, total: int) -> pa.Table:
     topic = pick(TOPICS, rng.integers(0, len(TOPICS), whole))
     user = _text(rng, whole, 34, topic)
     tool_call = pc.binary_join_element_wise(
-        '[{"id": "call_', _ids(rng, whole, 6, ""), '", "type": "function", "function": {"name": "',
-        pick(TOOLS, rng.integers(0, len(TOOLS), whole)), '", "arguments": "{\\"query\\": \\"',
-        _text(rng, whole, 3), '\\"}"}}]', "")
+        '[{"id": "call_',
+        _ids(rng, whole, 6, ""),
+        '", "type": "function", "function": {"name": "',
+        pick(TOOLS, rng.integers(0, len(TOOLS), whole)),
+        '", "arguments": "{\\"query\\": \\"',
+        _text(rng, whole, 3),
+        '\\"}"}}]',
+        "",
+    )
     cols = {
         "schema_version": pa.array(np.full(whole, SCHEMA_VERSION, np.int16)),
-        "trace_id": trace_id, "gen_ai_conversation_id": session_id,
-        "team": pick(TEAMS, sess % 3), "api_key_id": pick([f"key-{t}" for t in TEAMS], sess % 3),
+        "trace_id": trace_id,
+        "gen_ai_conversation_id": session_id,
+        "team": pick(TEAMS, sess % 3),
+        "api_key_id": pick([f"key-{t}" for t in TEAMS], sess % 3),
         "gen_ai_operation_name": pick(["chat"], np.zeros(whole, int)),
-        "gen_ai_request_model": pick(MODELS, sess % 2), "gen_ai_response_model": pick(MODELS, sess % 2),
-        "checkpoint_version": pick([f"rl-step-{(c + 1) * 100}" for c in range(CHECKPOINTS)],
-                                   np.minimum((received - START_US) * CHECKPOINTS // span, CHECKPOINTS - 1)),
-        "deployment": pick(["pool-a", "pool-b"], sess % 2), "worker_id": pick(["w0", "w1", "w2", "w3"], sess % 4),
+        "gen_ai_request_model": pick(MODELS, sess % 2),
+        "gen_ai_response_model": pick(MODELS, sess % 2),
+        "checkpoint_version": pick(
+            [f"rl-step-{(c + 1) * 100}" for c in range(CHECKPOINTS)],
+            np.minimum((received - START_US) * CHECKPOINTS // span, CHECKPOINTS - 1),
+        ),
+        "deployment": pick(["pool-a", "pool-b"], sess % 2),
+        "worker_id": pick(["w0", "w1", "w2", "w3"], sess % 4),
         "stream": pa.array(rng.random(whole) < 0.7),
         "gen_ai_input_messages": pc.binary_join_element_wise(
             '[{"role": "system", "content": "You are a careful agent. Use the tools when they help."}, '
-            '{"role": "user", "content": "', user, '"}]', ""),
+            '{"role": "user", "content": "',
+            user,
+            '"}]',
+            "",
+        ),
         "sampling_params": pick(['{"temperature": 0.7, "max_tokens": 512}', '{"temperature": 1.0}'], sess % 2),
         "response_content": nulls(error | tools, _text(rng, whole, 28)),
         "response_reasoning": nulls(error | (rng.random(whole) > 0.3), _text(rng, whole, 16)),
@@ -160,10 +180,13 @@ def _chunk(rng, first: int, n: int, total: int) -> pa.Table:
         "prompt_new_token_ids": _lists(rng, np.full(whole, 50), lambda k: rng.integers(0, 150_000, k, np.int32)),
         "completion_token_ids": _lists(rng, out_len, lambda k: rng.integers(0, 150_000, k, np.int32), error),
         "completion_logprobs": _lists(rng, out_len, lambda k: -rng.exponential(0.3, k).astype(np.float32), error),
-        "time_received": ts(received), "time_admitted": ts(received + (queue * 1e3).astype(np.int64)),
+        "time_received": ts(received),
+        "time_admitted": ts(received + (queue * 1e3).astype(np.int64)),
         "time_first_token": ts(received + ((queue + ttft) * 1e3).astype(np.int64)),
         "time_done": ts(received + ((queue + ttft + itl * out_len) * 1e3).astype(np.int64)),
-        "queue_wait_ms": pa.array(queue), "ttft_ms": pa.array(ttft), "mean_itl_ms": pa.array(itl),
+        "queue_wait_ms": pa.array(queue),
+        "ttft_ms": pa.array(ttft),
+        "mean_itl_ms": pa.array(itl),
         "gen_ai_usage_input_tokens": pa.array((prefix_len + 50).astype(np.int32)),
         "gen_ai_usage_output_tokens": pa.array(out_len.astype(np.int32)),
         "gen_ai_usage_cache_read_input_tokens": pa.array(prefix_len.astype(np.int32)),
@@ -171,8 +194,9 @@ def _chunk(rng, first: int, n: int, total: int) -> pa.Table:
         "error": nulls(~error, pick([e for e, _ in ERRORS], err_idx)),
         "env_id": pick(ENVS, sess % len(ENVS)),
     }
-    table = pa.Table.from_arrays([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(whole, f.type)
-                                  for f in TRACE_SCHEMA], schema=TRACE_SCHEMA)
+    table = pa.Table.from_arrays(
+        [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(whole, f.type) for f in TRACE_SCHEMA], schema=TRACE_SCHEMA
+    )
     return table.slice(0, n)
 
 
@@ -190,12 +214,13 @@ def generate(root: Path, total: int) -> None:
                     date = (np.datetime64("2026-11-24") + int(d)).astype(str)
                     part = root / f"date={date}" / f"model={_model_dir(m)}"
                     part.mkdir(parents=True, exist_ok=True)
-                    pq.write_table(table.filter(pa.array(mask)), part / f"bench-{c:05d}.parquet",
-                                   compression="zstd")
+                    pq.write_table(table.filter(pa.array(mask)), part / f"bench-{c:05d}.parquet", compression="zstd")
         rewarded = table.filter(pa.array(rng.random(table.num_rows) < 0.05)).select(["trace_id", "team", "env_id"])
         rewards = np.round(rng.beta(2, 2, rewarded.num_rows), 3)
-        pending += [{"trace_id": r["trace_id"], "team": r["team"], "name": "reward", "reward": float(v),
-                     "source": f"env:{r['env_id']}"} for r, v in zip(rewarded.to_pylist(), rewards)]
+        pending += [
+            {"trace_id": r["trace_id"], "team": r["team"], "name": "reward", "reward": float(v), "source": f"env:{r['env_id']}"}
+            for r, v in zip(rewarded.to_pylist(), rewards)
+        ]
         if len(pending) >= 25_000 or first + CHUNK >= total:  # a few large feedback files
             write_feedback(root, pending)
             pending = []
@@ -217,8 +242,10 @@ def ensure_store(root: Path, total: int) -> None:
         marker.write_text(json.dumps({"traces": total, "complete": True}))
         how = f"generated in {time.perf_counter() - t0:.1f} s"
     files = list(root.rglob("*.parquet"))
-    print(f"{total:,} traces {how}: {root}, {len(files)} Parquet files, "
-          f"{sum(p.stat().st_size for p in files) / 2**20:,.0f} MiB on disk")
+    print(
+        f"{total:,} traces {how}: {root}, {len(files)} Parquet files, "
+        f"{sum(p.stat().st_size for p in files) / 2**20:,.0f} MiB on disk"
+    )
 
 
 def main() -> None:
@@ -236,16 +263,25 @@ def main() -> None:
     probe = Reader(str(root), team, 120).traces(TraceFilters(checkpoint=checkpoint), 0, 1)[0][0]
     day = (np.datetime64("2026-11-24") + DAYS // 2).astype(str)
     F = TraceFilters
-    lists = [("first page", F(), 0), ("page 10", F(), 10), ("checkpoint", F(checkpoint=checkpoint), 0),
-             ("model", F(model=MODELS[1]), 0), ("one day", F(since=day, until=f"{day}T23:59:59.999999"), 0),
-             ("status=error", F(status="error"), 0), ("tool calls", F(tools="1"), 0),
-             ("reward 0.9-1", F(reward_min="0.9", reward_max="1"), 0), (f"q={NEEDLE}", F(q=NEEDLE), 0),
-             ("checkpoint + q", F(checkpoint=checkpoint, q=NEEDLE), 0)]
+    lists = [
+        ("first page", F(), 0),
+        ("page 10", F(), 10),
+        ("checkpoint", F(checkpoint=checkpoint), 0),
+        ("model", F(model=MODELS[1]), 0),
+        ("one day", F(since=day, until=f"{day}T23:59:59.999999"), 0),
+        ("status=error", F(status="error"), 0),
+        ("tool calls", F(tools="1"), 0),
+        ("reward 0.9-1", F(reward_min="0.9", reward_max="1"), 0),
+        (f"q={NEEDLE}", F(q=NEEDLE), 0),
+        ("checkpoint + q", F(checkpoint=checkpoint, q=NEEDLE), 0),
+    ]
     queries = [(name, True, lambda r, f=f, p=p: len(r.traces(f, p, PAGE)[0])) for name, f, p in lists]
-    queries += [("trace(id)", False, lambda r: int(r.trace(probe["trace_id"]) is not None)),
-                ("session(id)", False, lambda r: len(r.session(probe["gen_ai_conversation_id"]))),
-                ("by_checkpoint", False, lambda r: len(r.by_checkpoint())),
-                ("usage", False, lambda r: len(r.usage()))]
+    queries += [
+        ("trace(id)", False, lambda r: int(r.trace(probe["trace_id"]) is not None)),
+        ("session(id)", False, lambda r: len(r.session(probe["gen_ai_conversation_id"]))),
+        ("by_checkpoint", False, lambda r: len(r.by_checkpoint())),
+        ("usage", False, lambda r: len(r.usage())),
+    ]
 
     results, list_ms = [], []
     for name, is_list, call in queries:
@@ -264,9 +300,11 @@ def main() -> None:
     print(f"{'query':<16} {'scope':<9} {'p50 ms':>8} {'max ms':>8} {'rows':>6}")
     for name, scope, p50, top, rows in results:
         print(f"{name:<16} {scope:<9} {p50:8.0f} {top:8.0f} {rows:6d}{'  > 300 ms' if p50 > 300 else ''}")
-    over = sum(1 for r in results[:2 * len(lists)] if r[2] > 300)
-    print(f"list/filter queries: overall p50 {pct(list_ms, 0.5):.0f} ms against the 300 ms goal "
-          f"({over} of {2 * len(lists)} query/scope pairs over it)")
+    over = sum(1 for r in results[: 2 * len(lists)] if r[2] > 300)
+    print(
+        f"list/filter queries: overall p50 {pct(list_ms, 0.5):.0f} ms against the 300 ms goal "
+        f"({over} of {2 * len(lists)} query/scope pairs over it)"
+    )
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ class Request:
 @dataclass
 class Job:
     """What one simulated user does next: a whole session (turns in order) or one cold request."""
+
     requests: list[Request] = field(default_factory=list)
 
 
@@ -70,8 +71,9 @@ def _block_tokens(hash_id: int, n: int, salt: int) -> list[int]:
     return _tokens(random.Random(hash_id * 1_000_003 + salt), n)
 
 
-def mooncake_plan(path: Path, block_tokens: int = 512, scale: float = 1.0,
-                  time_scale: float = 1.0, limit: int | None = None, salt: int = 0) -> list[Job]:
+def mooncake_plan(
+    path: Path, block_tokens: int = 512, scale: float = 1.0, time_scale: float = 1.0, limit: int | None = None, salt: int = 0
+) -> list[Job]:
     """A Mooncake-style trace (JSON lines: timestamp ms, input_length, output_length, hash_ids with
     one id per ``block_tokens`` tokens; equal ids mean equal content). ``scale`` shrinks every
     length (a 0.05 scale turns 512-token blocks into 25-token ones) so the tiny model can serve it;
@@ -102,7 +104,7 @@ def prefix_hashes(prompt: list[int], block: int, partial: bool = False) -> list[
     end = len(prompt) if partial else len(prompt) // block * block
     h, out = 0, []
     for b in range(0, end, block):
-        h = hash((h, tuple(prompt[b:b + block])))
+        h = hash((h, tuple(prompt[b : b + block])))
         out.append(h)
     return out
 
@@ -116,7 +118,7 @@ def ideal_cached(prompts: list[list[int]], block: int) -> list[int]:
     for prompt in prompts:
         hashes = prefix_hashes(prompt, block)
         hit = 0
-        for h in hashes[:(len(prompt) - 1) // block]:
+        for h in hashes[: (len(prompt) - 1) // block]:
             if h not in seen:
                 break
             hit += 1
@@ -135,6 +137,12 @@ def to_mooncake(jobs: list[Job], block_tokens: int = 512, rate_per_s: float = 2.
         for req in job.requests:
             t += rng.expovariate(rate_per_s)
             hashes = [ids.setdefault(h, len(ids)) for h in prefix_hashes(req.prompt, block_tokens, partial=True)]
-            rows.append({"timestamp": round(t * 1000), "input_length": len(req.prompt),
-                         "output_length": req.max_tokens, "hash_ids": hashes})
+            rows.append(
+                {
+                    "timestamp": round(t * 1000),
+                    "input_length": len(req.prompt),
+                    "output_length": req.max_tokens,
+                    "hash_ids": hashes,
+                }
+            )
     return rows

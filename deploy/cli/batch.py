@@ -26,6 +26,7 @@ KeyOpt = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="a team k
 
 def _client(profile: str, overrides, url: Optional[str], api_key: Optional[str]):
     from openai import OpenAI
+
     if url is None:
         gw = _config(profile, overrides).resolved_gateway()
         url = gw.url
@@ -40,8 +41,13 @@ def _fail(exc: Exception) -> None:
 def _follow(client, batch) -> object:
     """A progress bar of lines done and failed, with tokens/s, until the batch ends."""
     t0 = time.monotonic()
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("failed {task.fields[failed]}  {task.fields[rate]} tok/s"), TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("failed {task.fields[failed]}  {task.fields[rate]} tok/s"),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(batch.id, total=batch.request_counts.total, failed=0, rate="-")
         while batch.status not in FINAL:
@@ -49,33 +55,44 @@ def _follow(client, batch) -> object:
             batch = client.batches.retrieve(batch.id)
             c = batch.request_counts
             tokens = batch.usage.total_tokens if getattr(batch, "usage", None) else 0
-            bar.update(task, completed=c.completed + c.failed, failed=c.failed,
-                       rate=f"{tokens / max(time.monotonic() - t0, 1e-9):,.0f}",
-                       description=f"{batch.id} {batch.status}")
+            bar.update(
+                task,
+                completed=c.completed + c.failed,
+                failed=c.failed,
+                rate=f"{tokens / max(time.monotonic() - t0, 1e-9):,.0f}",
+                description=f"{batch.id} {batch.status}",
+            )
     return batch
 
 
 def _summary(batch) -> None:
     c = batch.request_counts
-    console.print(f"{batch.id}: [bold]{batch.status}[/], {c.completed} of {c.total} answered, {c.failed} failed; "
-                  f"output {batch.output_file_id or '-'}, errors {batch.error_file_id or '-'}")
+    console.print(
+        f"{batch.id}: [bold]{batch.status}[/], {c.completed} of {c.total} answered, {c.failed} failed; "
+        f"output {batch.output_file_id or '-'}, errors {batch.error_file_id or '-'}"
+    )
 
 
 @batch_app.command("submit")
-def submit(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSONL: custom_id, method, url, body"),
-           endpoint: str = typer.Option("/v1/chat/completions", help="or /v1/completions"),
-           window: str = typer.Option("24h", "--completion-window"),
-           wait: bool = typer.Option(False, "--wait", help="follow it with a progress bar until it ends"),
-           url: Optional[str] = UrlOpt, api_key: Optional[str] = KeyOpt,
-           profile: str = ProfileOpt, overrides: Optional[list[str]] = SetOpt):
+def submit(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSONL: custom_id, method, url, body"),
+    endpoint: str = typer.Option("/v1/chat/completions", help="or /v1/completions"),
+    window: str = typer.Option("24h", "--completion-window"),
+    wait: bool = typer.Option(False, "--wait", help="follow it with a progress bar until it ends"),
+    url: Optional[str] = UrlOpt,
+    api_key: Optional[str] = KeyOpt,
+    profile: str = ProfileOpt,
+    overrides: Optional[list[str]] = SetOpt,
+):
     """Upload FILE and start a batch over it; --wait follows it to the end."""
     client = _client(profile, overrides, url, api_key)
     try:
         with file.open("rb") as f:
             uploaded = client.files.create(file=(file.name, f), purpose="batch")
         batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window=window)
-        console.print(f"submitted {batch.id} ({batch.request_counts.total} lines, "
-                      f"{batch.request_counts.failed} refused at validation)")
+        console.print(
+            f"submitted {batch.id} ({batch.request_counts.total} lines, {batch.request_counts.failed} refused at validation)"
+        )
         if wait:
             batch = _follow(client, batch)
     except Exception as exc:  # the SDK's errors carry the gateway's message
@@ -86,8 +103,14 @@ def submit(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
 
 
 @batch_app.command("status")
-def status(batch_id: str, wait: bool = typer.Option(False, "--wait"), url: Optional[str] = UrlOpt,
-           api_key: Optional[str] = KeyOpt, profile: str = ProfileOpt, overrides: Optional[list[str]] = SetOpt):
+def status(
+    batch_id: str,
+    wait: bool = typer.Option(False, "--wait"),
+    url: Optional[str] = UrlOpt,
+    api_key: Optional[str] = KeyOpt,
+    profile: str = ProfileOpt,
+    overrides: Optional[list[str]] = SetOpt,
+):
     """One batch: status and counts (--wait: follow it)."""
     client = _client(profile, overrides, url, api_key)
     try:
@@ -100,8 +123,12 @@ def status(batch_id: str, wait: bool = typer.Option(False, "--wait"), url: Optio
 
 
 @batch_app.command("list")
-def list_batches(url: Optional[str] = UrlOpt, api_key: Optional[str] = KeyOpt,
-                 profile: str = ProfileOpt, overrides: Optional[list[str]] = SetOpt):
+def list_batches(
+    url: Optional[str] = UrlOpt,
+    api_key: Optional[str] = KeyOpt,
+    profile: str = ProfileOpt,
+    overrides: Optional[list[str]] = SetOpt,
+):
     """The team's batches, newest first."""
     client = _client(profile, overrides, url, api_key)
     table = Table()
@@ -111,16 +138,28 @@ def list_batches(url: Optional[str] = UrlOpt, api_key: Optional[str] = KeyOpt,
     try:
         for b in client.batches.list(limit=100):
             c = b.request_counts
-            table.add_row(b.id, b.status, b.endpoint, str(c.completed), str(c.failed), str(c.total),
-                          time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b.created_at)))
+            table.add_row(
+                b.id,
+                b.status,
+                b.endpoint,
+                str(c.completed),
+                str(c.failed),
+                str(c.total),
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b.created_at)),
+            )
     except Exception as exc:
         _fail(exc)
     console.print(table)
 
 
 @batch_app.command("cancel")
-def cancel(batch_id: str, url: Optional[str] = UrlOpt, api_key: Optional[str] = KeyOpt,
-           profile: str = ProfileOpt, overrides: Optional[list[str]] = SetOpt):
+def cancel(
+    batch_id: str,
+    url: Optional[str] = UrlOpt,
+    api_key: Optional[str] = KeyOpt,
+    profile: str = ProfileOpt,
+    overrides: Optional[list[str]] = SetOpt,
+):
     """Stop starting lines; the batch ends 'cancelled' once those in flight are answered."""
     client = _client(profile, overrides, url, api_key)
     try:
@@ -130,9 +169,14 @@ def cancel(batch_id: str, url: Optional[str] = UrlOpt, api_key: Optional[str] = 
 
 
 @batch_app.command("results")
-def results(batch_id: str, errors: bool = typer.Option(False, "--errors", help="the error file instead"),
-            url: Optional[str] = UrlOpt, api_key: Optional[str] = KeyOpt,
-            profile: str = ProfileOpt, overrides: Optional[list[str]] = SetOpt):
+def results(
+    batch_id: str,
+    errors: bool = typer.Option(False, "--errors", help="the error file instead"),
+    url: Optional[str] = UrlOpt,
+    api_key: Optional[str] = KeyOpt,
+    profile: str = ProfileOpt,
+    overrides: Optional[list[str]] = SetOpt,
+):
     """Print the output (or error) file's JSONL on stdout."""
     client = _client(profile, overrides, url, api_key)
     try:

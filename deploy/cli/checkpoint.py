@@ -21,14 +21,16 @@ def _swap(cfg: StackConfig):
 
     gw = cfg.resolved_gateway()
     registry = Registry(gw.checkpoints_file)
-    return registry, HotSwap(gw.url, gw.admin_key, registry,
-                             cfg.deployment_name, cfg.worker.served_model_name, cfg.model_path)
+    return registry, HotSwap(gw.url, gw.admin_key, registry, cfg.deployment_name, cfg.worker.served_model_name, cfg.model_path)
 
 
-StrategyOpt = typer.Option("in-place", help="in-place: a LoRA beside the base weights, a full checkpoint "
-                                            "reloaded into the serving workers; blue-green: a new "
-                                            "deployment on the checkpoint (any architecture or size), "
-                                            "the aliases move across, the old one drains and stops")
+StrategyOpt = typer.Option(
+    "in-place",
+    help="in-place: a LoRA beside the base weights, a full checkpoint "
+    "reloaded into the serving workers; blue-green: a new "
+    "deployment on the checkpoint (any architecture or size), "
+    "the aliases move across, the old one drains and stops",
+)
 
 
 def _check_strategy(strategy: str) -> None:
@@ -38,10 +40,15 @@ def _check_strategy(strategy: str) -> None:
 
 
 @ckpt_app.command("register")
-def ckpt_register(version: str, path: Path, kind: str = typer.Option("lora", help="lora | full"),
-                  parent: Optional[str] = typer.Option(None, help="the checkpoint it was trained from"),
-                  dataset: Optional[Path] = typer.Option(None, help="the export it was trained on"),
-                  profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+def ckpt_register(
+    version: str,
+    path: Path,
+    kind: str = typer.Option("lora", help="lora | full"),
+    parent: Optional[str] = typer.Option(None, help="the checkpoint it was trained from"),
+    dataset: Optional[Path] = typer.Option(None, help="the export it was trained on"),
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+):
     """Register a trained checkpoint with its lineage."""
     from feedback.registry import RegistryError
 
@@ -64,16 +71,22 @@ def ckpt_list(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
     table = Table("version", "kind", "parent", "dataset rows", "dataset sha256", "created")
     for c in registry.list():
         ds = c.dataset or {}
-        table.add_row(c.version, c.kind, c.parent or "-", str(ds.get("rows", "-")),
-                      (ds.get("content_hash") or "-")[:12], c.created)
+        table.add_row(
+            c.version, c.kind, c.parent or "-", str(ds.get("rows", "-")), (ds.get("content_hash") or "-")[:12], c.created
+        )
     console.print(table)
     alias = cfg.worker.served_model_name
     console.print(f"alias {alias!r} serves {registry.current(alias)}")
 
 
 @ckpt_app.command("deploy")
-def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None), strategy: str = StrategyOpt,
-                profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+def ckpt_deploy(
+    version: str,
+    alias: Optional[str] = typer.Option(None),
+    strategy: str = StrategyOpt,
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+):
     """Load a checkpoint on every worker, then move the alias to it (a LoRA is loaded beside the
     base weights; a full checkpoint is reloaded in place, pausing the deployment for the reload,
     or started as a new deployment with --strategy blue-green)."""
@@ -86,6 +99,7 @@ def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None), strateg
     try:
         if strategy == "blue-green":
             from deploy.stack.bluegreen import BlueGreen
+
             swap.blue_green(alias or cfg.worker.served_model_name, version, BlueGreen(cfg))
         else:
             swap.deploy(alias or cfg.worker.served_model_name, version)
@@ -96,8 +110,12 @@ def ckpt_deploy(version: str, alias: Optional[str] = typer.Option(None), strateg
 
 
 @ckpt_app.command("rollback")
-def ckpt_rollback(alias: Optional[str] = typer.Option(None), strategy: str = StrategyOpt,
-                  profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+def ckpt_rollback(
+    alias: Optional[str] = typer.Option(None),
+    strategy: str = StrategyOpt,
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+):
     """Move the alias back to the version it served before."""
     from feedback.hotswap import HotSwapError
     from feedback.registry import RegistryError
@@ -108,6 +126,7 @@ def ckpt_rollback(alias: Optional[str] = typer.Option(None), strategy: str = Str
     try:
         if strategy == "blue-green":
             from deploy.stack.bluegreen import BlueGreen
+
             target = swap.rollback_blue_green(alias or cfg.worker.served_model_name, BlueGreen(cfg))
         else:
             target = swap.rollback(alias or cfg.worker.served_model_name)

@@ -11,8 +11,9 @@ from deploy.stack.config import StackConfig, load_config
 
 console = Console()
 
-ProfileOpt = typer.Option("local", "--profile", "-p", envvar="FLYWHEEL_PROFILE",
-                          help="deploy/stack/profiles/<name>.toml, or a path to a .toml file")
+ProfileOpt = typer.Option(
+    "local", "--profile", "-p", envvar="FLYWHEEL_PROFILE", help="deploy/stack/profiles/<name>.toml, or a path to a .toml file"
+)
 SetOpt = typer.Option(None, "--set", help="override a config key: --set gateway.port=8001")
 
 

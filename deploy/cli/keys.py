@@ -13,9 +13,12 @@ keys_app = typer.Typer(no_args_is_help=True, help="API keys (stored hashed), one
 
 
 @keys_app.command("create")
-def keys_create(team: str = typer.Option(..., help="the team this key bills and sees"),
-                name: str = typer.Option("", help="a label, e.g. who holds the key"),
-                profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
+def keys_create(
+    team: str = typer.Option(..., help="the team this key bills and sees"),
+    name: str = typer.Option("", help="a label, e.g. who holds the key"),
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+):
     """Create a key; the key itself is printed once and never stored."""
     from serve.keys import KeyStore
 

@@ -42,14 +42,24 @@ def loop_target(cfg: StackConfig, key: str) -> LoopTarget:
     owner = KeyStore(gw.keys_file).lookup(key) if gw.keys_file else None
     if owner is None or owner.revoked:
         raise ValueError("the loop's key is not a live team key of this stack")
-    return LoopTarget(gateway_url=gw.url, key=key, team=owner.team, key_id=owner.id, admin_key=gw.admin_key,
-                      alias=cfg.worker.served_model_name, deployment=cfg.deployment_name,
-                      base_model=cfg.model_path, home=cfg.home_path, traces=cfg.traces_path,
-                      registry=Path(gw.checkpoints_file))
+    return LoopTarget(
+        gateway_url=gw.url,
+        key=key,
+        team=owner.team,
+        key_id=owner.id,
+        admin_key=gw.admin_key,
+        alias=cfg.worker.served_model_name,
+        deployment=cfg.deployment_name,
+        base_model=cfg.model_path,
+        home=cfg.home_path,
+        traces=cfg.traces_path,
+        registry=Path(gw.checkpoints_file),
+    )
 
 
-def run_loop(cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None = None,
-             keep_up: bool = False, as_json: bool = False) -> dict:
+def run_loop(
+    cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None = None, keep_up: bool = False, as_json: bool = False
+) -> dict:
     """Run (or resume) a loop with ``lc`` (default: the config's ``[loop]`` table); returns the
     per-turn record (also in the run's state.json)."""
     from deploy.stack.launcher import down, status, up
@@ -74,12 +84,21 @@ def run_loop(cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None 
         turns = Loop(target, state, report).run()
         plot = cfg.home_path / f"loop-{state.run_id}.png"
         report.plot(turns, plot, state.config)
-        result = {"run_id": state.run_id, "env": state.config.env, "algo": state.config.algo,
-                  "turns": turns, "plot": str(plot), "wall_s": round(time.monotonic() - t0, 1),
-                  "improved": turns[-1]["eval"]["exact_solve"] > turns[0]["eval"]["exact_solve"]
-                  or turns[-1]["eval"]["reward_mean"] > turns[0]["eval"]["reward_mean"],
-                  "ui": {"url": f"{target.gateway_url}/ui/checkpoints", "key_file": str(cfg.run_dir / "demo.key"),
-                         "stack_stays_up": keep_up or not started_here}}
+        result = {
+            "run_id": state.run_id,
+            "env": state.config.env,
+            "algo": state.config.algo,
+            "turns": turns,
+            "plot": str(plot),
+            "wall_s": round(time.monotonic() - t0, 1),
+            "improved": turns[-1]["eval"]["exact_solve"] > turns[0]["eval"]["exact_solve"]
+            or turns[-1]["eval"]["reward_mean"] > turns[0]["eval"]["reward_mean"],
+            "ui": {
+                "url": f"{target.gateway_url}/ui/checkpoints",
+                "key_file": str(cfg.run_dir / "demo.key"),
+                "stack_stays_up": keep_up or not started_here,
+            },
+        }
         state.data["result"] = result
         state.save()
         report.final(result)
@@ -89,14 +108,19 @@ def run_loop(cfg: StackConfig, lc: LoopConfig | None = None, resume: str | None 
             down(cfg)
 
 
-def run_demo(cfg: StackConfig, keep_up: bool = False, turns: int | None = None, seed: int | None = None,
-             full: bool = False, as_json: bool = False) -> dict:
+def run_demo(
+    cfg: StackConfig,
+    keep_up: bool = False,
+    turns: int | None = None,
+    seed: int | None = None,
+    full: bool = False,
+    as_json: bool = False,
+) -> dict:
     """`flywheel loop` on the built-in task (``envs.vf_wordops``: ``Apply tail to: w1 w2 w3``
     wants the last word, a name the warmed base never saw). ``ok`` is True when the exact-solve
     rate after the last turn beats the base model's. With ``full``, each turn is rejection
     sampling fine-tuning every weight, reloaded in place."""
-    lc = _with(cfg.loop, env="envs.vf_wordops", env_args={}, turns=turns, seed=seed,
-               algo="rs" if full else "grpo", full=full)
+    lc = _with(cfg.loop, env="envs.vf_wordops", env_args={}, turns=turns, seed=seed, algo="rs" if full else "grpo", full=full)
     result = run_loop(cfg, lc, keep_up=keep_up, as_json=as_json)
     evals = [t["eval"] for t in result["turns"]]
     result["ok"] = evals[-1]["exact_solve"] > evals[0]["exact_solve"]
@@ -108,36 +132,41 @@ def _with(lc: LoopConfig, **flags) -> LoopConfig:
     return LoopConfig.model_validate({**lc.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
 
 
-def demo(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
-         turns: Optional[int] = typer.Option(None, help="turns of the loop to run [default: loop.turns, 3]"),
-         seed: Optional[int] = typer.Option(None, help="sampling and training seed [default: loop.seed, 0]"),
-         keep_up: bool = typer.Option(False, help="leave the stack running afterwards"),
-         full: bool = typer.Option(False, "--full", help="rejection sampling that fine-tunes every "
-                                                         "weight and reloads them in place")):
+def demo(
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+    turns: Optional[int] = typer.Option(None, help="turns of the loop to run [default: loop.turns, 3]"),
+    seed: Optional[int] = typer.Option(None, help="sampling and training seed [default: loop.seed, 0]"),
+    keep_up: bool = typer.Option(False, help="leave the stack running afterwards"),
+    full: bool = typer.Option(False, "--full", help="rejection sampling that fine-tunes every weight and reloads them in place"),
+):
     """`flywheel loop` on the built-in task: the exact-solve rate per turn, printed and plotted."""
     result = run_demo(_config(profile, set_), keep_up=keep_up, turns=turns, seed=seed, full=full)
     sys.exit(0 if result["ok"] else 1)
 
 
-def loop(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
-         env: Optional[str] = typer.Option(None, help="verifiers taskset: MODULE or MODULE:Taskset "
-                                                      "(importable from PYTHONPATH) [loop.env]"),
-         env_arg: Optional[list[str]] = typer.Option(None, "--env-arg", help="taskset config KEY=VALUE [loop.env_args]"),
-         turns: Optional[int] = typer.Option(None, help="turns of the loop [loop.turns]"),
-         algo: Optional[str] = typer.Option(None, help="grpo (policy gradient on the engine's logprobs) "
-                                                       "or rs (rejection sampling: SFT on exact solves) [loop.algo]"),
-         train_tasks: Optional[int] = typer.Option(None, help="tasks rolled out each turn, the first ones [loop.train_tasks]"),
-         eval_tasks: Optional[int] = typer.Option(None, help="tasks after those, held back for the greedy eval "
-                                                             "[loop.eval_tasks]"),
-         samples: Optional[int] = typer.Option(None, help="rollouts per task, the GRPO group [loop.samples]"),
-         max_tokens: Optional[int] = typer.Option(None, help="max tokens per model turn [loop.max_tokens]"),
-         steps: Optional[int] = typer.Option(None, help="optimiser steps per turn [loop.steps]"),
-         solve_at: Optional[float] = typer.Option(None, help="reward that counts as an exact solve [loop.solve_at]"),
-         seed: Optional[int] = typer.Option(None, help="[loop.seed]"),
-         resume: Optional[str] = typer.Option(None, help="a run id (or 'last') to resume from its "
-                                                        "last completed phase"),
-         keep_up: bool = typer.Option(False, help="leave a stack this command started running"),
-         as_json: bool = typer.Option(False, "--json", help="print the result as one JSON document")):
+def loop(
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+    env: Optional[str] = typer.Option(
+        None, help="verifiers taskset: MODULE or MODULE:Taskset (importable from PYTHONPATH) [loop.env]"
+    ),
+    env_arg: Optional[list[str]] = typer.Option(None, "--env-arg", help="taskset config KEY=VALUE [loop.env_args]"),
+    turns: Optional[int] = typer.Option(None, help="turns of the loop [loop.turns]"),
+    algo: Optional[str] = typer.Option(
+        None, help="grpo (policy gradient on the engine's logprobs) or rs (rejection sampling: SFT on exact solves) [loop.algo]"
+    ),
+    train_tasks: Optional[int] = typer.Option(None, help="tasks rolled out each turn, the first ones [loop.train_tasks]"),
+    eval_tasks: Optional[int] = typer.Option(None, help="tasks after those, held back for the greedy eval [loop.eval_tasks]"),
+    samples: Optional[int] = typer.Option(None, help="rollouts per task, the GRPO group [loop.samples]"),
+    max_tokens: Optional[int] = typer.Option(None, help="max tokens per model turn [loop.max_tokens]"),
+    steps: Optional[int] = typer.Option(None, help="optimiser steps per turn [loop.steps]"),
+    solve_at: Optional[float] = typer.Option(None, help="reward that counts as an exact solve [loop.solve_at]"),
+    seed: Optional[int] = typer.Option(None, help="[loop.seed]"),
+    resume: Optional[str] = typer.Option(None, help="a run id (or 'last') to resume from its last completed phase"),
+    keep_up: bool = typer.Option(False, help="leave a stack this command started running"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON document"),
+):
     """The loop on any verifiers taskset: rollouts -> rewards -> export -> train -> hot-swap -> eval."""
     from envs.vf_run import NotEnoughTasks
 
@@ -151,9 +180,24 @@ def loop(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
             args[key] = _parse_value(value)
     cfg = _config(profile, set_)
     try:
-        lc = None if resume else _with(cfg.loop, env=env, env_args=args, turns=turns, algo=algo,
-                                       train_tasks=train_tasks, eval_tasks=eval_tasks, samples=samples,
-                                       max_tokens=max_tokens, steps=steps, solve_at=solve_at, seed=seed)
+        lc = (
+            None
+            if resume
+            else _with(
+                cfg.loop,
+                env=env,
+                env_args=args,
+                turns=turns,
+                algo=algo,
+                train_tasks=train_tasks,
+                eval_tasks=eval_tasks,
+                samples=samples,
+                max_tokens=max_tokens,
+                steps=steps,
+                solve_at=solve_at,
+                seed=seed,
+            )
+        )
     except ValidationError as exc:
         bad = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors())
         raise typer.BadParameter(bad) from None

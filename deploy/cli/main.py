@@ -11,8 +11,9 @@ from deploy.cli.checkpoint import ckpt_app
 from deploy.cli.keys import keys_app
 from deploy.cli.loop import demo, loop
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="Serve a model, capture every trajectory, train on it, hot-swap it back.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Serve a model, capture every trajectory, train on it, hot-swap it back."
+)
 for command in (stack.up, stack.manifests, stack.down, stack.status, traces.sql, demo, loop):
     app.command()(command)
 app.command("export")(traces.export_cmd)

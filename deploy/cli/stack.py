@@ -15,8 +15,11 @@ from deploy.cli.common import ProfileOpt, SetOpt, _config, console
 model_app = typer.Typer(no_args_is_help=True, help="Make models.")
 
 
-def up(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
-       dry_run: bool = typer.Option(False, help="print the resolved config and exit")):
+def up(
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+    dry_run: bool = typer.Option(False, help="print the resolved config and exit"),
+):
     """Start the local stack (Dynamo frontend, vLLM workers, gateway) and wait until healthy."""
     from deploy.stack.launcher import up as start
     from deploy.stack.processes import StartError
@@ -31,15 +34,17 @@ def up(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
         console.print(f"[red]start-up failed:[/] {exc}")
         raise typer.Exit(1)
     gw = cfg.resolved_gateway()
-    console.print(f"stack up in {sum(timings.values()):.0f} s: "
-                  f"[bold]{gw.url}/v1[/] (models: {', '.join(gw.models)})")
+    console.print(f"stack up in {sum(timings.values()):.0f} s: [bold]{gw.url}/v1[/] (models: {', '.join(gw.models)})")
 
 
-def manifests(profile: str = typer.Option("gb200-nvl72", "--profile", "-p", help="a profile with a [cluster] section"),
-              set_: Optional[list[str]] = SetOpt,
-              out: Optional[Path] = typer.Option(None, help="write here instead of standard output"),
-              check: bool = typer.Option(True, help="validate offline (Kubernetes schemas, the Dynamo "
-                                                    "graph schema, Dynamo's and vLLM's own argument parsers)")):
+def manifests(
+    profile: str = typer.Option("gb200-nvl72", "--profile", "-p", help="a profile with a [cluster] section"),
+    set_: Optional[list[str]] = SetOpt,
+    out: Optional[Path] = typer.Option(None, help="write here instead of standard output"),
+    check: bool = typer.Option(
+        True, help="validate offline (Kubernetes schemas, the Dynamo graph schema, Dynamo's and vLLM's own argument parsers)"
+    ),
+):
     """Render the Kubernetes manifests (Dynamo operator graph, Mooncake, IMEX domain) for a cluster profile."""
     from deploy.cluster.manifests import render, to_yaml
 
@@ -51,6 +56,7 @@ def manifests(profile: str = typer.Option("gb200-nvl72", "--profile", "-p", help
         raise typer.Exit(2)
     if check:
         from deploy.cluster.manifest_check import K8S_VERSION, validate
+
         errors = validate(docs)
         for line in errors:
             console.print(f"[red]invalid:[/] {line}")
@@ -74,8 +80,11 @@ def down(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
     console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
 
 
-def status(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
-           as_json: bool = typer.Option(False, "--json", help="machine-readable output")):
+def status(
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+):
     """Each component's URL, PID, health, restarts by the supervisor and last exit reason."""
     from deploy.stack.launcher import status as stack_status
 
@@ -86,8 +95,7 @@ def status(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt,
     table = Table("component", "pid", "url", "health", "restarts", "last exit")
     for r in rows:
         health = "[green]healthy[/]" if r["healthy"] else ("[yellow]starting[/]" if r["pid"] else "[red]down[/]")
-        table.add_row(r["name"], str(r["pid"] or "-"), r["url"] or "-", health, str(r["restarts"]),
-                      r["last_exit"] or "-")
+        table.add_row(r["name"], str(r["pid"] or "-"), r["url"] or "-", health, str(r["restarts"]), r["last_exit"] or "-")
     console.print(table)
 
 

@@ -25,69 +25,145 @@ from referencing import Registry, Resource
 
 K8S_VERSION = "1.37.0"
 _str_map = {"type": "object", "additionalProperties": {"type": "string"}}
-_quantities = {"type": "object", "additionalProperties": False, "properties": {
-    k: {"type": "string"} for k in ("cpu", "memory", "gpu", "gpuType")} | {"custom": _str_map}}
-_meta = {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
-    "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
-    "namespace": {"type": "string"}, "labels": _str_map, "annotations": _str_map}}
+_quantities = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {k: {"type": "string"} for k in ("cpu", "memory", "gpu", "gpuType")} | {"custom": _str_map},
+}
+_meta = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
+        "namespace": {"type": "string"},
+        "labels": _str_map,
+        "annotations": _str_map,
+    },
+}
 
 SERVICE_SCHEMA = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
         "componentType": {"enum": ["frontend", "worker", "prefill", "decode", "planner", "epp", "default"]},
         "subComponentType": {"type": "string"},
         "replicas": {"type": "integer", "minimum": 0},
-        "multinode": {"type": "object", "required": ["nodeCount"], "additionalProperties": False,
-                      "properties": {"nodeCount": {"type": "integer", "minimum": 2}}},
-        "resources": {"type": "object", "additionalProperties": False, "properties": {
-            "requests": _quantities, "limits": _quantities,
-            "claims": {"type": "array", "items": {"type": "object", "required": ["name"], "additionalProperties": False,
-                                                  "properties": {"name": {"type": "string"}, "request": {"type": "string"}}}}}},
-        "envs": {"type": "array"}, "envFromSecret": {"type": "string"},
-        "sharedMemory": {"type": "object", "additionalProperties": False, "properties": {
-            "disabled": {"type": "boolean"}, "size": {"type": ["string", "integer"]}}},
-        "volumeMounts": {"type": "array", "items": {"type": "object", "required": ["name"], "additionalProperties": False,
-                                                    "properties": {"name": {"type": "string"}, "mountPoint": {"type": "string"},
-                                                                   "useAsCompilationCache": {"type": "boolean"}}}},
-        "extraPodSpec": {"type": "object"}, "extraPodMetadata": {"type": "object"},
-        "annotations": _str_map, "labels": _str_map,
-        "dynamoNamespace": {"type": "string"}, "globalDynamoNamespace": {"type": "boolean"},
+        "multinode": {
+            "type": "object",
+            "required": ["nodeCount"],
+            "additionalProperties": False,
+            "properties": {"nodeCount": {"type": "integer", "minimum": 2}},
+        },
+        "resources": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "requests": _quantities,
+                "limits": _quantities,
+                "claims": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {"name": {"type": "string"}, "request": {"type": "string"}},
+                    },
+                },
+            },
+        },
+        "envs": {"type": "array"},
+        "envFromSecret": {"type": "string"},
+        "sharedMemory": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"disabled": {"type": "boolean"}, "size": {"type": ["string", "integer"]}},
+        },
+        "volumeMounts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string"},
+                    "mountPoint": {"type": "string"},
+                    "useAsCompilationCache": {"type": "boolean"},
+                },
+            },
+        },
+        "extraPodSpec": {"type": "object"},
+        "extraPodMetadata": {"type": "object"},
+        "annotations": _str_map,
+        "labels": _str_map,
+        "dynamoNamespace": {"type": "string"},
+        "globalDynamoNamespace": {"type": "boolean"},
     },
 }
 DGD_SCHEMA = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
     "properties": {
-        "apiVersion": {"const": "nvidia.com/v1alpha1"}, "kind": {"const": "DynamoGraphDeployment"},
+        "apiVersion": {"const": "nvidia.com/v1alpha1"},
+        "kind": {"const": "DynamoGraphDeployment"},
         "metadata": _meta,
-        "spec": {"type": "object", "additionalProperties": False, "properties": {
-            "backendFramework": {"enum": ["sglang", "vllm", "trtllm"]}, "envs": {"type": "array"},
-            "services": {"type": "object", "maxProperties": 25, "additionalProperties": SERVICE_SCHEMA}}},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "backendFramework": {"enum": ["sglang", "vllm", "trtllm"]},
+                "envs": {"type": "array"},
+                "services": {"type": "object", "maxProperties": 25, "additionalProperties": SERVICE_SCHEMA},
+            },
+        },
     },
 }
 COMPUTE_DOMAIN_SCHEMA = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
     "properties": {
-        "apiVersion": {"const": "resource.nvidia.com/v1beta1"}, "kind": {"const": "ComputeDomain"},
+        "apiVersion": {"const": "resource.nvidia.com/v1beta1"},
+        "kind": {"const": "ComputeDomain"},
         "metadata": _meta,
-        "spec": {"type": "object", "required": ["channel"], "additionalProperties": False, "properties": {
-            "numNodes": {"type": "integer", "minimum": 0},
-            "channel": {"type": "object", "required": ["resourceClaimTemplate"], "additionalProperties": False,
-                        "properties": {"resourceClaimTemplate": {
-                            "type": "object", "required": ["name"], "additionalProperties": False,
-                            "properties": {"name": {"type": "string"}}}}}}},
+        "spec": {
+            "type": "object",
+            "required": ["channel"],
+            "additionalProperties": False,
+            "properties": {
+                "numNodes": {"type": "integer", "minimum": 0},
+                "channel": {
+                    "type": "object",
+                    "required": ["resourceClaimTemplate"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "resourceClaimTemplate": {
+                            "type": "object",
+                            "required": ["name"],
+                            "additionalProperties": False,
+                            "properties": {"name": {"type": "string"}},
+                        }
+                    },
+                },
+            },
+        },
     },
 }
 OWN_SCHEMAS = {"DynamoGraphDeployment": DGD_SCHEMA, "ComputeDomain": COMPUTE_DOMAIN_SCHEMA}
 
 
 def _errors(validator, obj, where: str) -> list[str]:
-    return [f"{where}.{'.'.join(map(str, e.absolute_path))}: {e.message}".replace("..", ".").rstrip(".")
-            for e in validator.iter_errors(obj)]
+    return [
+        f"{where}.{'.'.join(map(str, e.absolute_path))}: {e.message}".replace("..", ".").rstrip(".")
+        for e in validator.iter_errors(obj)
+    ]
 
 
 @lru_cache
 def _k8s_validator(filename: str):
     import kubernetes_validate.utils as kv
+
     folder = f"kubernetes-json-schema/v{K8S_VERSION}-local-strict"
     schema = kv.schema_contents(f"{folder}/{filename}", K8S_VERSION)
     defs = kv.schema_contents(f"{folder}/_definitions.json", K8S_VERSION)
@@ -124,6 +200,7 @@ def _worker_parse(args: list[str]) -> None:
     # The worker's own split of Dynamo and vLLM flags (vLLM turns --kv-transfer-config into its
     # KVTransferConfig); the engine config itself needs the model's files, so it is not built here.
     from dynamo.vllm.args import _parse_cli_args
+
     _, vllm_args = _parse_cli_args(args)
     if vllm_args.kv_transfer_config is not None:
         connectors_known(vllm_args.kv_transfer_config)
@@ -131,6 +208,7 @@ def _worker_parse(args: list[str]) -> None:
 
 def connectors_known(config) -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
     nested = (config.kv_connector_extra_config or {}).get("connectors", [])
     for name in [config.kv_connector, *(c.get("kv_connector") for c in nested)]:
         if name not in KVConnectorFactory._registry:
@@ -140,6 +218,7 @@ def connectors_known(config) -> None:
 def _frontend_parse(args: list[str]) -> None:
     import argparse
     from dynamo.frontend.frontend_args import FrontendArgGroup, FrontendConfig
+
     parser = argparse.ArgumentParser(prog="dynamo.frontend")
     FrontendArgGroup().add_arguments(parser)
     FrontendConfig.from_cli_args(parser.parse_args(args)).validate()
@@ -164,6 +243,7 @@ def service_errors(name: str, svc: dict) -> list[str]:
 
 def mooncake_errors(doc: dict) -> list[str]:
     from vllm.distributed.mooncake_store import MooncakeStoreConfig
+
     out = []
     for key, text in doc.get("data", {}).items():
         if key.startswith("mooncake"):

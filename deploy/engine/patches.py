@@ -12,18 +12,22 @@ from pathlib import Path
 
 # Dynamo's Qwen multimodal helper imports transformers' torchvision image processor at import
 # time, and no CPU torchvision exists here; the PIL variant has the same `smart_resize`.
-QWEN_IMPORT = ("from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize",
-               "from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize")
+QWEN_IMPORT = (
+    "from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize",
+    "from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize",
+)
 
 
 # vLLM rewinds a seeded request's generator when its sampled token is discarded (e.g. a chunked
 # prefill step). CPU generators have no offset, so with seeded requests under load the engine
 # core dies ("CPU Generator does not use offset") and takes every request with it. On CPU the
 # rewind is skipped: a seeded request that was chunked may sample differently, nothing crashes.
-SEEDED_DISCARD = ("""            if gen is not None:
+SEEDED_DISCARD = (
+    """            if gen is not None:
                 gen.set_offset(gen.get_offset() - 4)""",
-                  """            if gen is not None and gen.device.type != "cpu":  # flywheel: CPU has no offset
-                gen.set_offset(gen.get_offset() - 4)""")
+    """            if gen is not None and gen.device.type != "cpu":  # flywheel: CPU has no offset
+                gen.set_offset(gen.get_offset() - 4)""",
+)
 
 
 # NIXL's Python wrapper hard-codes a zero poll timeout for the UCX backend's progress thread
@@ -33,16 +37,19 @@ SEEDED_DISCARD = ("""            if gen is not None:
 # P/D stack 1.9 -> 0.05 cores busy; see shared/notes/found-2026-12-01.md). vLLM loads whichever
 # variant the `nixl` package picks, so both are patched. The delay is the workers'
 # `worker.nixl_progress_delay_us`, passed as NIXL_PTHR_DELAY_US.
-NIXL_DELAY = ("        agent_config.pthrDelay = 0\n",
-              "        agent_config.pthrDelay = int(__import__('os').environ.get('NIXL_PTHR_DELAY_US', "
-              "'100000'))  # flywheel: a fallback wake-up, not a busy poll\n")
+NIXL_DELAY = (
+    "        agent_config.pthrDelay = 0\n",
+    "        agent_config.pthrDelay = int(__import__('os').environ.get('NIXL_PTHR_DELAY_US', "
+    "'100000'))  # flywheel: a fallback wake-up, not a busy poll\n",
+)
 NIXL_DELAY_BEFORE = "        agent_config.pthrDelay = 100000  # flywheel: 100 ms fallback, not a busy poll\n"
 
 # The LM-head re-tie after an in-place reload was a patch here; it is a vLLM general plugin now
 # (deploy/engine/vllm_plugin.py). A vLLM this patched is put back, so that the plugin alone does
 # it. The patches left have no plugin point: an import at module load in Dynamo, a line inside a
 # vLLM runner method, and a constant in NIXL's agent config.
-RETIE_HEAD_PATCHED = ("""def finalize_layerwise_reload(*args, **kwargs):
+RETIE_HEAD_PATCHED = (
+    """def finalize_layerwise_reload(*args, **kwargs):
     finalize_layerwise_processing(*args, **kwargs)
     # flywheel: re-tie a tied LM head to the embedding just loaded, then repack its GEMM
     model = args[0] if args else kwargs["model"]
@@ -52,9 +59,11 @@ RETIE_HEAD_PATCHED = ("""def finalize_layerwise_reload(*args, **kwargs):
     if tied and head is not None and embed is not None and hasattr(head, "quant_method"):
         head.quant_method.tie_weights(head, embed)
         head.quant_method.process_weights_after_loading(head)
-""", """def finalize_layerwise_reload(*args, **kwargs):
+""",
+    """def finalize_layerwise_reload(*args, **kwargs):
     finalize_layerwise_processing(*args, **kwargs)
-""")
+""",
+)
 
 
 def _module_file(module: str) -> Path | None:

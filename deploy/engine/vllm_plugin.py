@@ -19,8 +19,12 @@ from __future__ import annotations
 import sys
 
 _MARK = "_flywheel_reties_head"
-_HOLDERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload",
-            "vllm.model_executor.model_loader.reload.torchao_decorator", "vllm.v1.worker.gpu_model_runner")
+_HOLDERS = (
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.model_loader.reload",
+    "vllm.model_executor.model_loader.reload.torchao_decorator",
+    "vllm.v1.worker.gpu_model_runner",
+)
 
 
 def retie_head(model) -> None:

@@ -19,11 +19,21 @@ EOS = "<|endoftext|>"
 # reasoning / tool-call parsers can see it.
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
 MARKUP_TOKENS = [
-    "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
-    "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "<tool_response>",
+    "</tool_response>",
 ]
-QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
-               r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 # Generation ends at EOS or when the model starts the next user / tool turn.
 STOP_TOKENS = [EOS, "<|user|>", "<|observation|>"]
 
@@ -51,10 +61,12 @@ def build_tokenizer(vocab_size: int = 4096, corpus_bytes: int = 3_000_000):
     # (tokenizer.json) token-for-token identical.
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -71,8 +83,12 @@ def _tokenizer_config(tok) -> dict:
     added = {}
     for token in [EOS, *ROLE_TOKENS, *MARKUP_TOKENS]:
         added[str(tok.token_to_id(token))] = {
-            "content": token, "special": token in (EOS, *ROLE_TOKENS),
-            "lstrip": False, "rstrip": False, "normalized": False, "single_word": False,
+            "content": token,
+            "special": token in (EOS, *ROLE_TOKENS),
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
         }
     return {
         "tokenizer_class": "Qwen2Tokenizer",
@@ -87,8 +103,7 @@ def _tokenizer_config(tok) -> dict:
     }
 
 
-def make_tiny_model(out_dir: str | Path, seed: int = 0, hidden: int = 128, layers: int = 4,
-                    vocab_size: int = 4096) -> Path:
+def make_tiny_model(out_dir: str | Path, seed: int = 0, hidden: int = 128, layers: int = 4, vocab_size: int = 4096) -> Path:
     """Write tokenizer + random Qwen2 weights to ``out_dir``; returns the directory."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -103,10 +118,20 @@ def make_tiny_model(out_dir: str | Path, seed: int = 0, hidden: int = 128, layer
 
     stop_ids = [tok.token_to_id(t) for t in STOP_TOKENS]
     config = Qwen2Config(
-        vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=hidden * 3,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-        max_position_embeddings=2048, tie_word_embeddings=True, eos_token_id=stop_ids,
-        bos_token_id=None, pad_token_id=stop_ids[0], rope_theta=10000.0, dtype="bfloat16",
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=stop_ids,
+        bos_token_id=None,
+        pad_token_id=stop_ids[0],
+        rope_theta=10000.0,
+        dtype="bfloat16",
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)

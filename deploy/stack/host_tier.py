@@ -26,21 +26,43 @@ SHIM_SOURCE = Path(__file__).with_name("native") / "loopback_bind.c"
 def host_tier_components(cfg: StackConfig) -> list[Component]:
     t, bin_dir = cfg.host_tier, Path(sys.executable).parent
     return [
-        Component(name="mooncake-metadata", ports=[t.metadata_port], argv=[
-            str(bin_dir / "mooncake_http_metadata_server"), "--host", "127.0.0.1",
-            "--port", str(t.metadata_port), "--log-level", "WARNING"]),
-        Component(name="mooncake-master", ports=[t.rpc_port, t.metrics_port], argv=[
-            str(bin_dir / "mooncake_master"), "--rpc_address=127.0.0.1", f"--rpc_port={t.rpc_port}",
-            "--metrics_host=127.0.0.1", f"--metrics_port={t.metrics_port}"],
-            health_url=f"http://127.0.0.1:{t.metrics_port}/metrics")]
+        Component(
+            name="mooncake-metadata",
+            ports=[t.metadata_port],
+            argv=[
+                str(bin_dir / "mooncake_http_metadata_server"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(t.metadata_port),
+                "--log-level",
+                "WARNING",
+            ],
+        ),
+        Component(
+            name="mooncake-master",
+            ports=[t.rpc_port, t.metrics_port],
+            argv=[
+                str(bin_dir / "mooncake_master"),
+                "--rpc_address=127.0.0.1",
+                f"--rpc_port={t.rpc_port}",
+                "--metrics_host=127.0.0.1",
+                f"--metrics_port={t.metrics_port}",
+            ],
+            health_url=f"http://127.0.0.1:{t.metrics_port}/metrics",
+        ),
+    ]
 
 
 def worker_env(cfg: StackConfig) -> dict[str, str]:
     """What a worker's environment needs to lend memory to the store, bound to loopback."""
     t, path = cfg.host_tier, cfg.run_dir / "mooncake.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mooncake_store_config(
-        "127.0.0.1", t.rpc_port, t.metadata_port, "tcp", f"{t.segment_mb}MB", f"{t.local_buffer_mb}MB")))
+    path.write_text(
+        json.dumps(
+            mooncake_store_config("127.0.0.1", t.rpc_port, t.metadata_port, "tcp", f"{t.segment_mb}MB", f"{t.local_buffer_mb}MB")
+        )
+    )
     return {"MOONCAKE_CONFIG_PATH": str(path), "LD_PRELOAD": str(loopback_shim(cfg.run_dir))}
 
 
@@ -51,8 +73,10 @@ def loopback_shim(run_dir: Path) -> Path:
         return out
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise RuntimeError("the host tier needs a C compiler (apt-get install gcc) to build "
-                           f"{SHIM_SOURCE.name}, which keeps Mooncake's listeners on loopback")
+        raise RuntimeError(
+            "the host tier needs a C compiler (apt-get install gcc) to build "
+            f"{SHIM_SOURCE.name}, which keeps Mooncake's listeners on loopback"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.so")
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SHIM_SOURCE), "-ldl"], check=True)

@@ -121,8 +121,7 @@ class ProcessManager:
         """Start ``comp`` in a session of its own; ``boost``: at a higher priority until
         :meth:`settle` (see START_BOOST_NICE)."""
         if self.pid(comp.name):
-            raise StartError(f"{comp.name} is already running (pid {self.pid(comp.name)}); "
-                             "run `flywheel down` first")
+            raise StartError(f"{comp.name} is already running (pid {self.pid(comp.name)}); run `flywheel down` first")
         for port in comp.ports:
             # a killed multi-threaded process shows as a zombie before its last thread has let
             # go of its sockets: give a just-stopped component a moment
@@ -130,12 +129,20 @@ class ProcessManager:
             while port_in_use(port) and time.monotonic() < deadline:
                 time.sleep(0.1)
             if port_in_use(port):
-                raise StartError(f"{comp.name}: port {port} on 127.0.0.1 is already in use; "
-                                 "stop what holds it or choose another port in the profile")
+                raise StartError(
+                    f"{comp.name}: port {port} on 127.0.0.1 is already in use; "
+                    "stop what holds it or choose another port in the profile"
+                )
         log = open(self.log_file(comp.name), "ab")
-        proc = subprocess.Popen(comp.argv, env={**os.environ, **comp.env}, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=self.run_dir)
+        proc = subprocess.Popen(
+            comp.argv,
+            env={**os.environ, **comp.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=self.run_dir,
+        )
         if boost:
             set_group_nice(proc.pid, START_BOOST_NICE)
         self.children[comp.name] = proc
@@ -151,8 +158,10 @@ class ProcessManager:
     def check_ready(self, comp: Component) -> bool:
         """True when healthy; raises StartError when the process has died."""
         if not self.pid(comp.name):
-            raise StartError(f"{comp.name} exited during start-up. Last lines of "
-                             f"{self.log_file(comp.name)}:\n{log_tail(self.log_file(comp.name))}")
+            raise StartError(
+                f"{comp.name} exited during start-up. Last lines of "
+                f"{self.log_file(comp.name)}:\n{log_tail(self.log_file(comp.name))}"
+            )
         if not comp.health_url:  # no HTTP health: ready once it listens
             return all(port_in_use(p) for p in comp.ports)
         try:

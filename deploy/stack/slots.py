@@ -22,7 +22,7 @@ SUFFIXES = ("", "-b")
 @dataclass
 class SlotState:
     slot: int = 0
-    model_dir: str | None = None     # None: the profile's model
+    model_dir: str | None = None  # None: the profile's model
     version: str = "base"
 
 

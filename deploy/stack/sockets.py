@@ -35,7 +35,7 @@ def _hex_address(text: str) -> str:
     if len(raw) == 4:
         return str(ipaddress.IPv4Address(raw[::-1]))
     # IPv6 in /proc is four little-endian 32-bit words
-    return str(ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))))
+    return str(ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))))
 
 
 def listening(pids: list[int]) -> list[tuple[str, int, int]]:

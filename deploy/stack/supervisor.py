@@ -40,16 +40,17 @@ log = logging.getLogger("flywheel.supervisor")
 @dataclass
 class Watch:
     """What the supervisor knows of one component."""
+
     restarts: int = 0
     last_exit: str | None = None
     last_restart: str | None = None
-    failures_in_a_row: int = 0       # restarts that did not stay up for stable_s
-    next_attempt: float = 0.0        # monotonic: not before this
-    started: float = 0.0             # monotonic time of the last (re)start
-    registered_once: bool = False    # a worker seen in the frontend's instance list
-    adapters_pending: bool = False   # a restarted worker still has to load the table's LoRAs
+    failures_in_a_row: int = 0  # restarts that did not stay up for stable_s
+    next_attempt: float = 0.0  # monotonic: not before this
+    started: float = 0.0  # monotonic time of the last (re)start
+    registered_once: bool = False  # a worker seen in the frontend's instance list
+    adapters_pending: bool = False  # a restarted worker still has to load the table's LoRAs
     unlisted_since: float | None = None
-    settling: bool = False           # restarted at start-up priority, not yet healthy
+    settling: bool = False  # restarted at start-up priority, not yet healthy
 
 
 def registered_ports(frontend_url: str) -> set[int] | None:
@@ -115,8 +116,13 @@ class Supervisor:
             w.unlisted_since = now
         elif now - w.unlisted_since >= self.sv.registration_grace_s:
             w.unlisted_since = None
-            self._restart(comp, w, "alive but no longer registered with the frontend "
-                                   "(its discovery keep-alive lapsed)", now, stop_first=True)
+            self._restart(
+                comp,
+                w,
+                "alive but no longer registered with the frontend (its discovery keep-alive lapsed)",
+                now,
+                stop_first=True,
+            )
 
     def _settle(self, comp: Component, w: Watch) -> None:
         try:
@@ -145,8 +151,7 @@ class Supervisor:
         w.last_exit = reason
         self.pm.stop(comp.name, timeout=5 if stop_first else 0)  # and any leftovers of its group
         w.failures_in_a_row += 1
-        w.next_attempt = now + min(self.sv.backoff_initial_s * 2 ** (w.failures_in_a_row - 1),
-                                   self.sv.backoff_max_s)
+        w.next_attempt = now + min(self.sv.backoff_initial_s * 2 ** (w.failures_in_a_row - 1), self.sv.backoff_max_s)
         try:
             self.pm.start(comp)
         except StartError as exc:
@@ -161,8 +166,10 @@ class Supervisor:
         self._save()
 
     def _save(self) -> None:
-        state = {name: {k: v for k, v in asdict(w).items() if k in ("restarts", "last_exit", "last_restart")}
-                 for name, w in self.watch.items()}
+        state = {
+            name: {k: v for k, v in asdict(w).items() if k in ("restarts", "last_exit", "last_restart")}
+            for name, w in self.watch.items()
+        }
         save_state(self.cfg.run_dir, state)
 
     def run(self, stop: threading.Event) -> None:

@@ -26,11 +26,20 @@ async def admin_models(request: Request, gw: GatewayParts = Depends(parts)):
 async def admin_deployments(request: Request, gw: GatewayParts = Depends(parts)):
     """Each deployment, its requests in flight (a drain waits for 0) and the aliases it serves."""
     gw.require_admin(request)
-    return {"object": "list", "data": [
-        {"name": d.name, "url": d.url, "model_path": d.model_path,
-         "in_flight": gw.admission.leases_held(d.name)[0], "breaker": gw.breakers.state_of(d.name),
-         "aliases": sorted(a for a, r in gw.routes.items() if r.deployment == d.name)}
-        for d in gw.config.deployments]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "name": d.name,
+                "url": d.url,
+                "model_path": d.model_path,
+                "in_flight": gw.admission.leases_held(d.name)[0],
+                "breaker": gw.breakers.state_of(d.name),
+                "aliases": sorted(a for a, r in gw.routes.items() if r.deployment == d.name),
+            }
+            for d in gw.config.deployments
+        ],
+    }
 
 
 @router.put("/admin/models/{alias}", openapi_extra=json_body(ModelRoute))

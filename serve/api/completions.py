@@ -26,8 +26,10 @@ from serve.upstream import PROMPT_KEYS
 
 # path -> (operation, request model, route name): the hot path answers these paths; the routes
 # declared from the same table document them
-COMPLETIONS = {"/v1/chat/completions": ("chat", ChatCompletionRequest, "chat_completions"),
-               "/v1/completions": ("text_completion", CompletionRequest, "completions")}
+COMPLETIONS = {
+    "/v1/chat/completions": ("chat", ChatCompletionRequest, "chat_completions"),
+    "/v1/completions": ("text_completion", CompletionRequest, "completions"),
+}
 REQUEST_MODELS = {operation: model for operation, model, _ in COMPLETIONS.values()}
 # Reading and validating a body costs ~35 ms per MB here (msgspec, then pydantic): a larger one is
 # read in a thread, so one client's 32 MB body cannot hold every other stream's tokens back.
@@ -73,8 +75,7 @@ async def generate(request: Request, gw: GatewayParts = Depends(parts)):
     except ValidationError as exc:
         raise invalid_request(exc.errors()) from None
     body = req.completion_body()
-    data, headers = await gw.forwarder.forward("generate", body,
-                                               _context(gw.routes, request.headers, "generate", body, caller))
+    data, headers = await gw.forwarder.forward("generate", body, _context(gw.routes, request.headers, "generate", body, caller))
     return JSONResponse(generate_response(data), headers=headers)
 
 
@@ -83,8 +84,11 @@ def _validated(raw: bytes, operation: str, in_slices: bool = False) -> tuple[dic
     ``in_slices`` (a large body, in a thread): decoded and checked a slice of messages at a time,
     so that no single call holds the GIL for long (pydantic held it 130 ms for 20,000 messages)."""
     key = PROMPT_KEYS[operation]
-    body, prompt_json = (json_codec.request_object(raw, key, json_codec.decode_request_in_slices) if in_slices
-                         else json_codec.request_object(raw, key))
+    body, prompt_json = (
+        json_codec.request_object(raw, key, json_codec.decode_request_in_slices)
+        if in_slices
+        else json_codec.request_object(raw, key)
+    )
     messages = body.get("messages") if operation == "chat" else None
     try:
         if not in_slices or not isinstance(messages, list) or len(messages) <= MESSAGES_PER_SLICE:
@@ -95,19 +99,27 @@ def _validated(raw: bytes, operation: str, in_slices: bool = False) -> tuple[dic
         raise invalid_request(exc.errors()) from None
     for start in range(1, len(messages), MESSAGES_PER_SLICE):
         try:
-            MESSAGE_LIST.validate_python(messages[start:start + MESSAGES_PER_SLICE])
+            MESSAGE_LIST.validate_python(messages[start : start + MESSAGES_PER_SLICE])
         except ValidationError as exc:  # where the problem is in the whole list
-            raise invalid_request([{**e, "loc": ("messages", start + e["loc"][0], *e["loc"][1:])}
-                                   for e in exc.errors()]) from None
+            raise invalid_request(
+                [{**e, "loc": ("messages", start + e["loc"][0], *e["loc"][1:])} for e in exc.errors()]
+            ) from None
     return body, prompt_json
 
 
-def _context(routes: RouteTable, h: Headers | dict[str, str], operation: str, body: dict,
-             caller: Caller) -> RequestContext:
+def _context(routes: RouteTable, h: Headers | dict[str, str], operation: str, body: dict, caller: Caller) -> RequestContext:
     return RequestContext.for_route(
-        routes.get(body["model"]), new_trace_id(), operation, body,
-        team=caller.team, api_key_id=caller.key_id, admin=caller.admin,
-        session_id=h.get("x-session-id"), parent_trace_id=h.get("x-parent-trace-id"),
-        env_id=h.get("x-env-id"), example_id=h.get("x-example-id"),
+        routes.get(body["model"]),
+        new_trace_id(),
+        operation,
+        body,
+        team=caller.team,
+        api_key_id=caller.key_id,
+        admin=caller.admin,
+        session_id=h.get("x-session-id"),
+        parent_trace_id=h.get("x-parent-trace-id"),
+        env_id=h.get("x-env-id"),
+        example_id=h.get("x-example-id"),
         # an environment's session is its rollout (verifiers sends one X-Session-ID per rollout)
-        rollout_id=h.get("x-rollout-id") or (h.get("x-session-id") if h.get("x-env-id") else None))
+        rollout_id=h.get("x-rollout-id") or (h.get("x-session-id") if h.get("x-env-id") else None),
+    )

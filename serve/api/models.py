@@ -15,8 +15,12 @@ router = APIRouter()
 @router.get("/v1/models")
 async def list_models(request: Request, gw: GatewayParts = Depends(parts)):
     caller = gw.caller(request)
-    return {"object": "list", "data": [_model_card(gw, alias, r, caller) for alias, r in sorted(gw.routes.items())
-                                       if r.serves(caller.team, caller.admin)]}
+    return {
+        "object": "list",
+        "data": [
+            _model_card(gw, alias, r, caller) for alias, r in sorted(gw.routes.items()) if r.serves(caller.team, caller.admin)
+        ],
+    }
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -39,20 +43,29 @@ def _model_card(gw: GatewayParts, alias: str, r: ModelRoute, caller: Caller) -> 
     ``context_length`` and per-token ``pricing``, Prime's ``*_usd_per_mtok`` and ``specs``."""
     config = gw.config
     dep = next((d for d in config.deployments if d.name == r.deployment), None)
-    base = next((b.upstream_model for b in gw.routes.values()
-                 if b.deployment == r.deployment and b.lora_path is None), None)
+    base = next((b.upstream_model for b in gw.routes.values() if b.deployment == r.deployment and b.lora_path is None), None)
     context = dep.max_model_len if dep else None
     price = config.prices.get(alias) or Price()
     # where the weights live on the serving hosts is the operator's business, not a team's
     operator = caller.admin or not config.require_api_key
     path = (r.lora_path or r.weight_dir or (dep.model_path if dep else None)) if operator else None
-    return {"id": alias, "object": "model", "created": r.created, "owned_by": "flywheel",
-            "root": path or r.upstream_model,
-            "parent": None if r.lora_path is None else base,
-            "max_model_len": context, "context_length": context,
-            "checkpoint_version": r.checkpoint_version,
-            "pricing": {"input_usd_per_mtok": price.input_per_mtok, "output_usd_per_mtok": price.output_per_mtok,
-                        "cache_read_usd_per_mtok": price.cached,
-                        "prompt": _per_token(price.input_per_mtok), "completion": _per_token(price.output_per_mtok),
-                        "input_cache_read": _per_token(price.cached)},
-            "specs": {"context_window": context, "max_output_tokens": context}}
+    return {
+        "id": alias,
+        "object": "model",
+        "created": r.created,
+        "owned_by": "flywheel",
+        "root": path or r.upstream_model,
+        "parent": None if r.lora_path is None else base,
+        "max_model_len": context,
+        "context_length": context,
+        "checkpoint_version": r.checkpoint_version,
+        "pricing": {
+            "input_usd_per_mtok": price.input_per_mtok,
+            "output_usd_per_mtok": price.output_per_mtok,
+            "cache_read_usd_per_mtok": price.cached,
+            "prompt": _per_token(price.input_per_mtok),
+            "completion": _per_token(price.output_per_mtok),
+            "input_cache_read": _per_token(price.cached),
+        },
+        "specs": {"context_window": context, "max_output_tokens": context},
+    }

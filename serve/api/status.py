@@ -17,15 +17,18 @@ async def health(request: Request, gw: GatewayParts = Depends(parts)):
     """Liveness for anyone (a load balancer's probe); the details for the admin key."""
     if not gw.sees_internals(request):
         return {"status": "ok"}
-    return {"status": "ok", "models": sorted(gw.routes), "shared_state": gw.state.shared,
-            "breakers": {d.name: gw.breakers.state_of(d.name) for d in gw.config.deployments}}
+    return {
+        "status": "ok",
+        "models": sorted(gw.routes),
+        "shared_state": gw.state.shared,
+        "breakers": {d.name: gw.breakers.state_of(d.name) for d in gw.config.deployments},
+    }
 
 
 @router.get("/metrics")
 async def prometheus(request: Request, gw: GatewayParts = Depends(parts)):
     if not gw.sees_internals(request):  # every team's name and token totals
-        raise APIError(401, "/metrics needs the admin key when gateway.require_api_key is on",
-                       code="invalid_api_key")
+        raise APIError(401, "/metrics needs the admin key when gateway.require_api_key is on", code="invalid_api_key")
     for d in gw.config.deployments:
         gw.metrics.leases.labels(d.name).set(gw.admission.leases_held(d.name)[0])
         gw.metrics.breaker.labels(d.name).set(STATE_CODES[gw.breakers.state_of(d.name)])

@@ -40,9 +40,14 @@ def _not_found(kind: str, ident: str, param: str) -> APIError:
 def _listing(items: list[dict], limit: int, after: str | None) -> dict:
     ids = [i["id"] for i in items]
     start = ids.index(after) + 1 if after in ids else 0
-    page = items[start:start + limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(items)}
+    page = items[start : start + limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + limit < len(items),
+    }
 
 
 def _mine(caller: Caller, obj: dict | None) -> bool:
@@ -85,23 +90,32 @@ async def upload(request: Request, gw: GatewayParts = Depends(parts)):
         raise APIError(400, "Missing required parameter: 'file'.", param="file")
     data = await upload.read()
     if len(data) > gw.config.batch.max_file_bytes:
-        raise APIError(413, f"the file is larger than {gw.config.batch.max_file_bytes} bytes "
-                            "(gateway.batch.max_file_bytes)", param="file")
+        raise APIError(
+            413, f"the file is larger than {gw.config.batch.max_file_bytes} bytes (gateway.batch.max_file_bytes)", param="file"
+        )
     held = sum(m["bytes"] for m in await asyncio.to_thread(gw.files.list) if m["team"] == caller.team)
     if held + len(data) > gw.config.batch.max_team_bytes:
-        raise APIError(413, f"your team's files hold {held:,} bytes; this one would pass the "
-                            f"{gw.config.batch.max_team_bytes:,} a team may keep (delete some: DELETE /v1/files/ID)",
-                       param="file", code="quota_exceeded")
+        raise APIError(
+            413,
+            f"your team's files hold {held:,} bytes; this one would pass the "
+            f"{gw.config.batch.max_team_bytes:,} a team may keep (delete some: DELETE /v1/files/ID)",
+            param="file",
+            code="quota_exceeded",
+        )
     meta = await asyncio.to_thread(gw.files.put, caller.team, upload.filename or "upload.jsonl", purpose, data)
     return file_view(meta)
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, limit: int = 10_000, after: str | None = None,
-                     purpose: str | None = None, gw: GatewayParts = Depends(parts)):
+async def list_files(
+    request: Request, limit: int = 10_000, after: str | None = None, purpose: str | None = None, gw: GatewayParts = Depends(parts)
+):
     caller = gw.caller(request)
-    metas = [file_view(m) for m in await asyncio.to_thread(gw.files.list)
-             if _mine(caller, m) and (purpose is None or m["purpose"] == purpose)]
+    metas = [
+        file_view(m)
+        for m in await asyncio.to_thread(gw.files.list)
+        if _mine(caller, m) and (purpose is None or m["purpose"] == purpose)
+    ]
     return _listing(metas, limit, after)
 
 
@@ -129,38 +143,69 @@ async def create_batch(request: Request, gw: GatewayParts = Depends(parts)):
     except ValidationError as exc:
         raise invalid_request(exc.errors()) from None
     if req.endpoint not in ENDPOINTS:
-        raise APIError(400, f"endpoint must be one of {sorted(ENDPOINTS)}, not {req.endpoint!r}",
-                       param="endpoint")
+        raise APIError(400, f"endpoint must be one of {sorted(ENDPOINTS)}, not {req.endpoint!r}", param="endpoint")
     window = WINDOW.match(req.completion_window)
     if not window:
-        raise APIError(400, f"completion_window must be hours such as '24h', not {req.completion_window!r}",
-                       param="completion_window")
+        raise APIError(
+            400, f"completion_window must be hours such as '24h', not {req.completion_window!r}", param="completion_window"
+        )
     meta = gw.files.get(req.input_file_id)
     if not _mine(caller, meta):
         raise _not_found("file", req.input_file_id, "input_file_id")
     if meta["purpose"] != "batch":
-        raise APIError(400, f"file {req.input_file_id} has purpose {meta['purpose']!r}, not 'batch'",
-                       param="input_file_id")
+        raise APIError(400, f"file {req.input_file_id} has purpose {meta['purpose']!r}, not 'batch'", param="input_file_id")
     data = await asyncio.to_thread(gw.files.content, req.input_file_id)
     try:
-        good, refused = await asyncio.to_thread(check_lines, data, req.endpoint, set(gw.forwarder.routes),
-                                                gw.config.batch.max_lines)
+        good, refused = await asyncio.to_thread(
+            check_lines, data, req.endpoint, set(gw.forwarder.routes), gw.config.batch.max_lines
+        )
     except ValueError as exc:
         raise APIError(400, str(exc), param="input_file_id") from None
     now = int(time.time())
-    batch = {"id": new_id("batch_"), "object": "batch", "endpoint": req.endpoint, "errors": None,
-             "input_file_id": req.input_file_id, "completion_window": req.completion_window,
-             "status": "in_progress", "output_file_id": None, "error_file_id": None,
-             "created_at": now, "in_progress_at": now, "expires_at": now + 3600 * int(window.group(1)),
-             "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
-             "cancelling_at": None, "cancelled_at": None, "metadata": req.metadata,
-             "request_counts": {"total": len(good) + len(refused), "completed": 0, "failed": 0},
-             "team": caller.team, "_api_key_id": caller.key_id, "_total": len(good) + len(refused),
-             "_chunks": -(-len(good) // gw.config.batch.chunk_lines)}
+    batch = {
+        "id": new_id("batch_"),
+        "object": "batch",
+        "endpoint": req.endpoint,
+        "errors": None,
+        "input_file_id": req.input_file_id,
+        "completion_window": req.completion_window,
+        "status": "in_progress",
+        "output_file_id": None,
+        "error_file_id": None,
+        "created_at": now,
+        "in_progress_at": now,
+        "expires_at": now + 3600 * int(window.group(1)),
+        "finalizing_at": None,
+        "completed_at": None,
+        "failed_at": None,
+        "expired_at": None,
+        "cancelling_at": None,
+        "cancelled_at": None,
+        "metadata": req.metadata,
+        "request_counts": {"total": len(good) + len(refused), "completed": 0, "failed": 0},
+        "team": caller.team,
+        "_api_key_id": caller.key_id,
+        "_total": len(good) + len(refused),
+        "_chunks": -(-len(good) // gw.config.batch.chunk_lines),
+    }
     if not good:  # nothing to run: the batch fails, as OpenAI's does on an invalid file
-        batch.update(status="failed", failed_at=now, in_progress_at=None, errors={
-            "object": "list", "data": [{"code": r["line"]["error"]["code"], "message": r["line"]["error"]["message"],
-                                        "param": None, "line": r["n"] + 1} for r in refused[:100]]})
+        batch.update(
+            status="failed",
+            failed_at=now,
+            in_progress_at=None,
+            errors={
+                "object": "list",
+                "data": [
+                    {
+                        "code": r["line"]["error"]["code"],
+                        "message": r["line"]["error"]["message"],
+                        "param": None,
+                        "line": r["n"] + 1,
+                    }
+                    for r in refused[:100]
+                ],
+            },
+        )
         batch["request_counts"]["failed"] = len(refused)
     await asyncio.to_thread(gw.batches.create, batch, good, refused)
     return public(gw.batches, batch)
@@ -192,6 +237,10 @@ async def cancel_batch(batch_id: str, batch: dict = Depends(own_batch), gw: Gate
 
     batch = await asyncio.to_thread(gw.batches.update, batch_id, change)
     if batch["status"] in ("completed", "failed", "expired"):
-        raise APIError(409, f"batch {batch_id} is already {batch['status']}; it cannot be cancelled",
-                       param="batch_id", code="batch_not_cancellable")
+        raise APIError(
+            409,
+            f"batch {batch_id} is already {batch['status']}; it cannot be cancelled",
+            param="batch_id",
+            code="batch_not_cancellable",
+        )
     return await asyncio.to_thread(public, gw.batches, batch)

@@ -21,8 +21,10 @@ def counts(store: BatchStore, batch: dict) -> tuple[dict, dict]:
     ok = [r for r in results if r["ok"]]
     tin = sum((r.get("usage") or {}).get("prompt_tokens") or 0 for r in ok)
     tout = sum((r.get("usage") or {}).get("completion_tokens") or 0 for r in ok)
-    return ({"total": batch["_total"], "completed": len(ok), "failed": len(results) - len(ok)},
-            {"input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout})
+    return (
+        {"total": batch["_total"], "completed": len(ok), "failed": len(results) - len(ok)},
+        {"input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout},
+    )
 
 
 def public(store: BatchStore, batch: dict) -> dict:
@@ -57,17 +59,25 @@ def finalize(store: BatchStore, files: FileStore, batch_id: str, stale_s: float)
     if expired:  # OpenAI's rule: lines an expired batch never ran are failed, with this code
         for line in store.lines(batch_id):
             if line["n"] not in results:
-                results[line["n"]] = {"n": line["n"], "ok": False, "line": output_line(
-                    line["custom_id"], None, None, {"code": "batch_expired",
-                                                    "message": "the batch expired before this line ran"})}
+                results[line["n"]] = {
+                    "n": line["n"],
+                    "ok": False,
+                    "line": output_line(
+                        line["custom_id"],
+                        None,
+                        None,
+                        {"code": "batch_expired", "message": "the batch expired before this line ran"},
+                    ),
+                }
     ordered = [results[n] for n in sorted(results)]
     file_ids = {}
     for key, ok in (("output_file_id", True), ("error_file_id", False)):
         part = [r["line"] for r in ordered if r["ok"] is ok]
         if part:
             data = b"".join(json.dumps(line).encode() + b"\n" for line in part)
-            file_ids[key] = files.put(batch["team"], f"{batch_id}_{'output' if ok else 'error'}.jsonl",
-                                      "batch_output", data)["id"]
+            file_ids[key] = files.put(batch["team"], f"{batch_id}_{'output' if ok else 'error'}.jsonl", "batch_output", data)[
+                "id"
+            ]
     request_counts, usage = counts(store, batch)
     if expired:
         request_counts["failed"] = request_counts["total"] - request_counts["completed"]
@@ -89,9 +99,13 @@ def result_from_trace(row: dict, endpoint: str) -> dict:
     if row["http_status"] != 200 or row["error"]:
         message = row["error"] or f"HTTP {row['http_status']}"
         body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
-        return {"n": n, "ok": False, "line": output_line(cid, row["http_status"], body,
-                                                         {"code": "request_failed", "message": message},
-                                                         request_id=row["trace_id"])}
+        return {
+            "n": n,
+            "ok": False,
+            "line": output_line(
+                cid, row["http_status"], body, {"code": "request_failed", "message": message}, request_id=row["trace_id"]
+            ),
+        }
     tin, tout = row["gen_ai_usage_input_tokens"] or 0, row["gen_ai_usage_output_tokens"] or 0
     usage = {"prompt_tokens": tin, "completion_tokens": tout, "total_tokens": tin + tout}
     if endpoint == "/v1/chat/completions":
@@ -103,8 +117,14 @@ def result_from_trace(row: dict, endpoint: str) -> dict:
     else:
         choice = {"index": 0, "text": row["response_content"] or "", "finish_reason": row["finish_reason"]}
         kind = "text_completion"
-    body = {"id": row["gen_ai_response_id"], "object": kind, "created": int(row["time_received"].timestamp()),
-            "model": row["gen_ai_request_model"], "choices": [choice], "usage": usage}
+    body = {
+        "id": row["gen_ai_response_id"],
+        "object": kind,
+        "created": int(row["time_received"].timestamp()),
+        "model": row["gen_ai_request_model"],
+        "choices": [choice],
+        "usage": usage,
+    }
     return {"n": n, "ok": True, "usage": usage, "line": output_line(cid, 200, body, request_id=row["trace_id"])}
 
 

@@ -38,8 +38,8 @@ class InteractiveSignal:
 
     def __init__(self, state: SharedState, hold_s: float):
         self.state, self.hold_s = state, hold_s
-        self._local: dict[str, float] = {}   # model -> monotonic time its hold ends
-        self._shared: set[str] = set()       # busy on some replica at the last sync
+        self._local: dict[str, float] = {}  # model -> monotonic time its hold ends
+        self._shared: set[str] = set()  # busy on some replica at the last sync
 
     def seen(self, model: str) -> None:
         self._local[model] = time.monotonic() + self.hold_s
@@ -55,16 +55,19 @@ class InteractiveSignal:
         if not names:
             self._shared = set()
             return
-        answer = self.state.run("interactive_sync", _SYNC, [_KEY + m for m in names],
-                                [int(self.hold_s * 1000)] + ["1" if m in mine else "0" for m in names])
+        answer = self.state.run(
+            "interactive_sync",
+            _SYNC,
+            [_KEY + m for m in names],
+            [int(self.hold_s * 1000)] + ["1" if m in mine else "0" for m in names],
+        )
         self._shared = set() if answer is LOCAL else {m for m, b in zip(names, answer) if int(b)}
 
 
 class Lanes:
     """An admission gate for batch lines whose width follows :class:`InteractiveSignal`."""
 
-    def __init__(self, signal: InteractiveSignal, concurrency: int, busy_concurrency: int,
-                 recheck_s: float = 0.05):
+    def __init__(self, signal: InteractiveSignal, concurrency: int, busy_concurrency: int, recheck_s: float = 0.05):
         self.signal, self.concurrency, self.busy_concurrency = signal, concurrency, busy_concurrency
         self.recheck_s = recheck_s  # a hold ends by time passing, with no release to wake on
         self.by_model: dict[str, int] = {}

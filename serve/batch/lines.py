@@ -18,20 +18,23 @@ from serve.errors import invalid_request
 from serve.protocol import ChatCompletionRequest, CompletionRequest
 from traces.batch_store import new_id
 
-ENDPOINTS = {"/v1/chat/completions": ("chat", ChatCompletionRequest),
-             "/v1/completions": ("text_completion", CompletionRequest)}
+ENDPOINTS = {"/v1/chat/completions": ("chat", ChatCompletionRequest), "/v1/completions": ("text_completion", CompletionRequest)}
 
 
-def output_line(custom_id: str | None, status: int | None, body: dict | None,
-                error: dict | None = None, request_id: str | None = None) -> dict:
+def output_line(
+    custom_id: str | None, status: int | None, body: dict | None, error: dict | None = None, request_id: str | None = None
+) -> dict:
     """One line of an output or error file, as OpenAI writes it."""
     response = None if status is None else {"status_code": status, "request_id": request_id, "body": body}
     return {"id": new_id("batch_req_"), "custom_id": custom_id, "response": response, "error": error}
 
 
 def _refused(n: int, custom_id: str | None, code: str, message: str) -> dict:
-    return {"n": n, "ok": False,
-            "line": output_line(custom_id, None, None, {"code": code, "message": f"line {n + 1}: {message}"})}
+    return {
+        "n": n,
+        "ok": False,
+        "line": output_line(custom_id, None, None, {"code": code, "message": f"line {n + 1}: {message}"}),
+    }
 
 
 def check_lines(data: bytes, endpoint: str, models: Container[str], max_lines: int) -> tuple[list[dict], list[dict]]:
@@ -41,8 +44,7 @@ def check_lines(data: bytes, endpoint: str, models: Container[str], max_lines: i
     good, refused, seen = [], [], set()
     raw_lines = [raw for raw in data.split(b"\n") if raw.strip()]
     if len(raw_lines) > max_lines:
-        raise ValueError(f"the file has {len(raw_lines)} lines; a batch takes at most {max_lines} "
-                         "(gateway.batch.max_lines)")
+        raise ValueError(f"the file has {len(raw_lines)} lines; a batch takes at most {max_lines} (gateway.batch.max_lines)")
     for n, raw in enumerate(raw_lines):
         try:
             line = json.loads(raw)

@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 
 class BatchRunner:
-    def __init__(self, config: GatewayConfig, store: BatchStore, files: FileStore, forwarder: Forwarder,
-                 keys: KeyStore | None = None):
+    def __init__(
+        self, config: GatewayConfig, store: BatchStore, files: FileStore, forwarder: Forwarder, keys: KeyStore | None = None
+    ):
         self.cfg, self.traces_dir, self.keys = config.batch, config.traces_dir, keys
         self._next_expiry = 0.0
         self.store, self.files, self.forwarder = store, files, forwarder
@@ -96,8 +97,7 @@ class BatchRunner:
         want = math.ceil(self.cfg.concurrency / self.cfg.chunk_lines) + 1 - len(self.chunk_tasks)
         if want <= 0:
             return
-        chunks, taken_over = await asyncio.to_thread(self.store.claim, batch["id"], self.owner, want,
-                                                     self.cfg.lease_ttl_s)
+        chunks, taken_over = await asyncio.to_thread(self.store.claim, batch["id"], self.owner, want, self.cfg.lease_ttl_s)
         for chunk in chunks:
             task = asyncio.create_task(self._run_chunk(batch, chunk, chunk in taken_over))
             self.chunk_tasks[(batch["id"], chunk)] = task
@@ -126,12 +126,13 @@ class BatchRunner:
         try:
             if bid not in self._lines:
                 self._lines[bid] = await asyncio.to_thread(self.store.lines, bid)
-            lines = self._lines[bid][chunk * size:(chunk + 1) * size]
+            lines = self._lines[bid][chunk * size : (chunk + 1) * size]
             stored = await asyncio.to_thread(self.store.results, bid)
             todo = [line for line in lines if line["n"] not in stored]
             if taken_over and todo:  # the last owner died: what it stored as traces is answered
-                recovered = await asyncio.to_thread(traced_lines, self.traces_dir, bid, batch["endpoint"],
-                                                    [line["n"] for line in todo])
+                recovered = await asyncio.to_thread(
+                    traced_lines, self.traces_dir, bid, batch["endpoint"], [line["n"] for line in todo]
+                )
                 if recovered:
                     await asyncio.to_thread(self.store.append_results, bid, self.owner, recovered)
                     got = {r["n"] for r in recovered}
@@ -167,8 +168,9 @@ class BatchRunner:
             try:
                 await asyncio.shield(asyncio.to_thread(self.store.append_results, bid, self.owner, pending[:]))
             except BaseException:
-                log.warning("batch %s chunk %d: %d answered lines left to be recovered from their traces",
-                            bid, chunk, len(pending))
+                log.warning(
+                    "batch %s chunk %d: %d answered lines left to be recovered from their traces", bid, chunk, len(pending)
+                )
 
     async def _run_line(self, batch: dict, line: dict, pending: list[dict]) -> bool:
         """Whether the line was answered (not cancelled before it started)."""
@@ -194,26 +196,49 @@ class BatchRunner:
             ctx = self._context(batch, line, operation, body)
             try:
                 data, _ = await self.forwarder.forward(operation, body, ctx)
-                return {"n": n, "ok": True, "usage": data.get("usage"),
-                        "line": output_line(line["custom_id"], 200, data, request_id=ctx.trace_id)}
+                return {
+                    "n": n,
+                    "ok": True,
+                    "usage": data.get("usage"),
+                    "line": output_line(line["custom_id"], 200, data, request_id=ctx.trace_id),
+                }
             except CapacityExceeded:
                 await asyncio.sleep(self.cfg.retry_s)
                 continue
             except APIError as err:
-                return {"n": n, "ok": False, "line": output_line(
-                    line["custom_id"], err.status, err.body(), {"code": err.code or err.type, "message": err.message},
-                    request_id=ctx.trace_id)}
+                return {
+                    "n": n,
+                    "ok": False,
+                    "line": output_line(
+                        line["custom_id"],
+                        err.status,
+                        err.body(),
+                        {"code": err.code or err.type, "message": err.message},
+                        request_id=ctx.trace_id,
+                    ),
+                }
             except Exception as exc:  # a bug on our side: the line fails, the batch goes on
                 log.exception("batch %s line %d", bid, n)
-                return {"n": n, "ok": False, "line": output_line(
-                    line["custom_id"], 500, None, {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"})}
+                return {
+                    "n": n,
+                    "ok": False,
+                    "line": output_line(
+                        line["custom_id"], 500, None, {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+                    ),
+                }
         return None
 
     def _context(self, batch: dict, line: dict, operation: str, body: dict) -> RequestContext:
         return RequestContext.for_route(
-            self.forwarder.routes.get(body["model"]), f"tr-{batch['id']}-{line['n']}", operation, body,
-            team=batch["team"], api_key_id=batch.get("_api_key_id"), batch_id=batch["id"],
-            custom_id=line["custom_id"])
+            self.forwarder.routes.get(body["model"]),
+            f"tr-{batch['id']}-{line['n']}",
+            operation,
+            body,
+            team=batch["team"],
+            api_key_id=batch.get("_api_key_id"),
+            batch_id=batch["id"],
+            custom_id=line["custom_id"],
+        )
 
     async def _renew(self, batch_id: str, chunk: int) -> None:
         while True:
@@ -237,9 +262,11 @@ class BatchRunner:
 
     def _stop(self, batch: dict, why: str) -> None:
         """An in-progress batch starts cancelling, marked with ``why``."""
+
         def change(b: dict) -> bool:
             if b["status"] != "in_progress":
                 return False
             b.update({"status": "cancelling", why: True, "cancelling_at": int(time.time())})
             return True
+
         batch.update(self.store.update(batch["id"], change))

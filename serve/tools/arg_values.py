@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
-              int: "integer", float: "number"}
+JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null", int: "integer", float: "number"}
 
 
 def resolve(schema: Any, root: dict) -> Any:

@@ -17,8 +17,24 @@ from __future__ import annotations
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)  # code points UTF-8 cannot encode
 # What str.strip() (the GLM parser) removes from a raw value: str.isspace() characters.
-STRIPPED_WHITESPACE = "".join(map(chr, [*range(0x09, 0x0E), *range(0x1C, 0x21), 0x85, 0xA0, 0x1680,
-                                        *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000]))
+STRIPPED_WHITESPACE = "".join(
+    map(
+        chr,
+        [
+            *range(0x09, 0x0E),
+            *range(0x1C, 0x21),
+            0x85,
+            0xA0,
+            0x1680,
+            *range(0x2000, 0x200B),
+            0x2028,
+            0x2029,
+            0x202F,
+            0x205F,
+            0x3000,
+        ],
+    )
+)
 UNBOUNDED = 1 << 20  # the length written for "no maxLength" (a {lo,hi} repetition needs a number)
 
 
@@ -65,8 +81,8 @@ def scalar_class(excluded: str = "") -> str:
 
 # printable, no quote or backslash (so never an escape: always valid inside a JSON string), no markup
 JSON_STRING_CHAR = scalar_class('"\\<' + "".join(map(chr, range(0x20))))
-RAW_CHAR = scalar_class("<")                              # no markup in a raw GLM value
-RAW_EDGE_CHAR = scalar_class("<" + STRIPPED_WHITESPACE)   # nor whitespace the parser would strip
+RAW_CHAR = scalar_class("<")  # no markup in a raw GLM value
+RAW_EDGE_CHAR = scalar_class("<" + STRIPPED_WHITESPACE)  # nor whitespace the parser would strip
 
 
 def json_string_pattern(lo: int, hi: int, quoted: bool = False) -> str:

@@ -34,15 +34,15 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 @dataclass
 class Tool:
     name: str
-    parameters: dict[str, Any]          # as declared (used to validate final calls)
-    grammar_schema: dict[str, Any]      # bounded and worked-around (used to build the grammar)
+    parameters: dict[str, Any]  # as declared (used to validate final calls)
+    grammar_schema: dict[str, Any]  # bounded and worked-around (used to build the grammar)
     validator: Any = field(repr=False, default=None)
 
 
 @dataclass
 class ToolRequest:
     tools: list[Tool]
-    choice: str                  # "auto" | "required" | "none" | "named"
+    choice: str  # "auto" | "required" | "none" | "named"
     named: str | None = None
     parallel: bool = True
 
@@ -53,9 +53,10 @@ class ToolRequest:
 @dataclass(frozen=True)
 class ToolLimits:
     """What one request's ``tools`` may be, checked before any schema is read."""
-    max_tools: int = 128           # OpenAI's own limit on a request's functions
-    max_bytes: int = 512 << 10     # the tools' JSON: ~3 s of schema checks at most
-    max_depth: int = 32            # nesting of the tools' JSON (a deeper schema overflowed the stack)
+
+    max_tools: int = 128  # OpenAI's own limit on a request's functions
+    max_bytes: int = 512 << 10  # the tools' JSON: ~3 s of schema checks at most
+    max_depth: int = 32  # nesting of the tools' JSON (a deeper schema overflowed the stack)
 
 
 class _CheckedTools:
@@ -147,8 +148,9 @@ def is_checked(key: bytes | None) -> bool:
     return key is None or CHECKED.get(key) is not None
 
 
-def parse_tools(body: dict, bounds: Bounds = Bounds(), limits: ToolLimits = ToolLimits(),
-                key: bytes | None = None) -> ToolRequest | None:
+def parse_tools(
+    body: dict, bounds: Bounds = Bounds(), limits: ToolLimits = ToolLimits(), key: bytes | None = None
+) -> ToolRequest | None:
     """The request's tools and tool_choice, checked; None when the request has no tools.
     ``key``: its :func:`checked_key`, when the caller has it already."""
     key = key or checked_key(body, bounds, limits)
@@ -173,8 +175,7 @@ def _checked_tools(tools_raw: list, bounds: Bounds) -> tuple[Tool, ...]:
         fn = t["function"]
         name = fn.get("name")
         if not isinstance(name, str) or not NAME_RE.match(name):
-            raise _bad(f"{where}.function.name must match ^[A-Za-z0-9_-]{{1,64}}$, got {name!r}",
-                       f"{where}.function.name")
+            raise _bad(f"{where}.function.name must match ^[A-Za-z0-9_-]{{1,64}}$, got {name!r}", f"{where}.function.name")
         if name in seen:
             raise _bad(f"duplicate tool name {name!r}", f"{where}.function.name")
         seen.add(name)
@@ -190,9 +191,14 @@ def _checked_tools(tools_raw: list, bounds: Bounds) -> tuple[Tool, ...]:
         except jsonschema.SchemaError as exc:
             raise _bad(f"{pwhere} is not a valid JSON Schema: {exc.message}", pwhere) from None
         _check_refs(params, params, pwhere)
-        tools.append(Tool(name=name, parameters=params,
-                          grammar_schema=grammar_parameters(copy.deepcopy(params), bounds),
-                          validator=validator_cls(params)))
+        tools.append(
+            Tool(
+                name=name,
+                parameters=params,
+                grammar_schema=grammar_parameters(copy.deepcopy(params), bounds),
+                validator=validator_cls(params),
+            )
+        )
     return tuple(tools)
 
 
@@ -210,8 +216,9 @@ def _with_choice(tools: list[Tool], choice_raw: Any, parallel: Any) -> ToolReque
             raise _bad(f"tool_choice names {named!r}, which is not among the declared tools", "tool_choice")
         choice = "named"
     else:
-        raise _bad('tool_choice must be "auto", "none", "required" or '
-                   '{"type": "function", "function": {"name": ...}}', "tool_choice")
+        raise _bad(
+            'tool_choice must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}', "tool_choice"
+        )
     if not isinstance(parallel, bool):
         raise _bad("parallel_tool_calls must be true or false", "parallel_tool_calls")
     return ToolRequest(tools=tools, choice=choice, named=named, parallel=parallel)

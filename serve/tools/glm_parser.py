@@ -69,7 +69,7 @@ def _element(text: str, open_tag: str, close_tag: str, missing: str, unclosed: s
     text = text.lstrip()
     if not text.startswith(open_tag):
         raise ToolCallParseError(missing)
-    inner, found, rest = text[len(open_tag):].partition(close_tag)
+    inner, found, rest = text[len(open_tag) :].partition(close_tag)
     if not found:
         raise ToolCallParseError(unclosed)
     return inner, rest
@@ -86,12 +86,21 @@ def parse_call(block: str, req: ToolRequest | None) -> ToolCall:
     args: dict[str, Any] = {}
     rest = sep + rest
     while rest.strip():
-        key, rest = _element(rest, KEY_OPEN, KEY_CLOSE,
-                             f"unexpected text in the arguments of {name!r}: {rest.lstrip()[:60]!r}",
-                             f"<arg_key> without </arg_key> in {name!r}")
+        key, rest = _element(
+            rest,
+            KEY_OPEN,
+            KEY_CLOSE,
+            f"unexpected text in the arguments of {name!r}: {rest.lstrip()[:60]!r}",
+            f"<arg_key> without </arg_key> in {name!r}",
+        )
         key = key.strip()
-        value, rest = _element(rest, VAL_OPEN, VAL_CLOSE, f"argument {key!r} of {name!r} has no <arg_value>",
-                               f"<arg_value> of {key!r} in {name!r} is not closed")
+        value, rest = _element(
+            rest,
+            VAL_OPEN,
+            VAL_CLOSE,
+            f"argument {key!r} of {name!r} has no <arg_value>",
+            f"<arg_value> of {key!r} in {name!r} is not closed",
+        )
         if key in args:
             raise ToolCallParseError(f"argument {key!r} of {name!r} given twice")
         args[key] = _typed_value(value, argument_schema(root, key), root)
@@ -126,13 +135,13 @@ class StreamingParser:
             if start >= 0:
                 if start:
                     events.append(self._text(self._buf[:start]))
-                self._buf, self._in_call = self._buf[start + len(OPEN):], True
+                self._buf, self._in_call = self._buf[start + len(OPEN) :], True
                 continue
             keep = _partial_suffix(self._buf, OPEN)  # might be the start of "<tool_call>"
-            ready = self._buf[:len(self._buf) - keep]
+            ready = self._buf[: len(self._buf) - keep]
             if ready:
                 events.append(self._text(ready))
-            self._buf = self._buf[len(self._buf) - keep:]
+            self._buf = self._buf[len(self._buf) - keep :]
             return events
 
     def finish(self, cut: bool = False) -> list[tuple[str, Any]]:

@@ -26,17 +26,25 @@ Layout = Literal["glm47", "glm45"]
 
 
 def structural_tag(req: ToolRequest, layout: Layout = "glm47") -> dict:
-    from xgrammar.structural_tag import (AnyTextFormat, JSONSchemaFormat, OrFormat, StructuralTag,
-                                         TagFormat, TagsWithSeparatorFormat, TriggeredTagsFormat)
+    from xgrammar.structural_tag import (
+        AnyTextFormat,
+        JSONSchemaFormat,
+        OrFormat,
+        StructuralTag,
+        TagFormat,
+        TagsWithSeparatorFormat,
+        TriggeredTagsFormat,
+    )
 
     newline = "\n" if layout == "glm45" else ""
     whitespace = 1  # one separator character at most: weak models otherwise emit whitespace forever
 
     def tag(tool) -> TagFormat:
-        return TagFormat(begin=f"<tool_call>{tool.name}{newline}",
-                         content=JSONSchemaFormat(json_schema=tool.grammar_schema, style="glm_xml",
-                                                  max_whitespace_cnt=whitespace),
-                         end=f"{newline}</tool_call>" if layout == "glm45" else "</tool_call>")
+        return TagFormat(
+            begin=f"<tool_call>{tool.name}{newline}",
+            content=JSONSchemaFormat(json_schema=tool.grammar_schema, style="glm_xml", max_whitespace_cnt=whitespace),
+            end=f"{newline}</tool_call>" if layout == "glm45" else "</tool_call>",
+        )
 
     if req.choice == "none":
         fmt = AnyTextFormat(excludes=MARKUP)
@@ -47,8 +55,9 @@ def structural_tag(req: ToolRequest, layout: Layout = "glm47") -> dict:
         else:  # exactly one call (stop_after_first does not end the grammar by itself)
             fmt = tags[0] if len(tags) == 1 else OrFormat(elements=tags)
     else:
-        fmt = TriggeredTagsFormat(triggers=["<tool_call>"], tags=[tag(t) for t in req.tools],
-                                  excludes=MARKUP[1:], stop_after_first=not req.parallel)
+        fmt = TriggeredTagsFormat(
+            triggers=["<tool_call>"], tags=[tag(t) for t in req.tools], excludes=MARKUP[1:], stop_after_first=not req.parallel
+        )
     return StructuralTag(format=fmt).model_dump(mode="json")
 
 
@@ -67,6 +76,7 @@ class _Grammars:
                 self._by_tag.move_to_end(tag_json)
                 return ebnf
         import xgrammar as xgr
+
         ebnf = str(xgr.Grammar.from_structural_tag(tag_json))
         with self._lock:
             if tag_json not in self._by_tag:

@@ -23,7 +23,7 @@ from typing import Any
 from serve.tools.arg_values import JSON_TYPES, allowed_types, resolve, written_raw
 from serve.tools.charsets import UNBOUNDED, json_string_pattern, literal_pattern, raw_string_pattern
 
-INT64 = (-(2 ** 63), 2 ** 63 - 1)
+INT64 = (-(2**63), 2**63 - 1)
 ANY_DEPTH = 2  # nesting an untyped value may use: enough for free-form metadata, finite for the grammar
 # keywords whose subschemas describe (part of) the value itself; not, if, ... are left as declared
 _SUBSCHEMA = ("items", "additionalProperties", "propertyNames", "additionalItems")
@@ -60,14 +60,19 @@ def _untyped(node: Any) -> bool:
 
 def _any(bounds: Bounds, depth: int, quoted: bool = False) -> dict:
     """Any JSON value, with bounded safe strings and at most ``depth`` levels of containers."""
-    options: list[dict] = [{"type": "string", "pattern": json_string_pattern(0, bounds.string_length, quoted)},
-                           {"type": "number"}, {"type": "boolean"}, {"type": "null"}]
+    options: list[dict] = [
+        {"type": "string", "pattern": json_string_pattern(0, bounds.string_length, quoted)},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+    ]
     if depth:
         inner = _any(bounds, depth - 1)
         key = {"type": "string", "pattern": json_string_pattern(0, bounds.string_length)}
-        options += [{"type": "array", "items": inner, "maxItems": bounds.max_array_items},
-                    {"type": "object", "propertyNames": key, "additionalProperties": inner,
-                     "maxProperties": bounds.max_array_items}]
+        options += [
+            {"type": "array", "items": inner, "maxItems": bounds.max_array_items},
+            {"type": "object", "propertyNames": key, "additionalProperties": inner, "maxProperties": bounds.max_array_items},
+        ]
     return {"anyOf": options}
 
 
@@ -93,8 +98,7 @@ def _bounded(node: Any, bounds: Bounds) -> Any:
         out.setdefault("minimum", INT64[0])
         out.setdefault("maximum", INT64[1])
     if "string" in types and not {"enum", "const", "format", "pattern"} & set(out):
-        out["pattern"] = json_string_pattern(int(out.pop("minLength", 0)),
-                                             int(out.pop("maxLength", bounds.string_length)))
+        out["pattern"] = json_string_pattern(int(out.pop("minLength", 0)), int(out.pop("maxLength", bounds.string_length)))
     if "array" in types:
         out.setdefault("maxItems", bounds.max_array_items)
         if "items" not in out and "prefixItems" not in out:
@@ -127,8 +131,7 @@ def _raw(node: dict, root: dict, bounds: Bounds) -> dict:
         return {**node, key: [_raw(resolve(b, root), root, bounds) for b in node[key]]}
     out = dict(node)
     if not {"pattern", "format"} & set(out):
-        out["pattern"] = raw_string_pattern(int(out.pop("minLength", 0)),
-                                            int(out.pop("maxLength", bounds.string_length)))
+        out["pattern"] = raw_string_pattern(int(out.pop("minLength", 0)), int(out.pop("maxLength", bounds.string_length)))
     return out
 
 
@@ -145,8 +148,7 @@ def _json(node: dict, root: dict, bounds: Bounds) -> Any:
     if "type" in node:
         types = node["type"] if isinstance(node["type"], list) else [node["type"]]
         other = {k: v for k, v in node.items() if k not in _STRING_KEYWORDS}
-        return _one_of_these([_quoted(node, bounds) if t == "string" else _bounded({**other, "type": t}, bounds)
-                              for t in types])
+        return _one_of_these([_quoted(node, bounds) if t == "string" else _bounded({**other, "type": t}, bounds) for t in types])
     if "anyOf" in node or "oneOf" in node:
         # oneOf as anyOf: xgrammar cannot tell overlapping branches apart either
         return _one_of_these([_json_branch(b, root, bounds) for b in node.get("anyOf") or node["oneOf"]])
@@ -180,6 +182,9 @@ def _quoted(node: dict, bounds: Bounds) -> dict:
         inner = pattern[1:] if pattern.startswith("^") else pattern
         inner = inner[:-1] if inner.endswith("$") and not inner.endswith("\\$") else inner
         return {"type": "string", "pattern": f'^"(?:{inner})"$'}
-    return {"type": "string", "pattern": json_string_pattern(int(node.get("minLength", 0)),
-                                                             int(node.get("maxLength", bounds.string_length)),
-                                                             quoted=True)}
+    return {
+        "type": "string",
+        "pattern": json_string_pattern(
+            int(node.get("minLength", 0)), int(node.get("maxLength", bounds.string_length)), quoted=True
+        ),
+    }

@@ -21,8 +21,7 @@ from serve.tools.glm_parser import StreamingParser, ToolCall, ToolCallParseError
 
 
 def invalid_tool_call(reason: str) -> APIError:
-    return APIError(502, f"the model produced an invalid tool call: {reason}", type="server_error",
-                    code="invalid_tool_call")
+    return APIError(502, f"the model produced an invalid tool call: {reason}", type="server_error", code="invalid_tool_call")
 
 
 def _checked(req: ToolRequest, calls: list[ToolCall]) -> None:

@@ -17,6 +17,14 @@ def bars(points: list[tuple[str, float | None]]) -> dict:
     for i, (label, value) in enumerate(points):
         h = 0.0 if value is None else HEIGHT * abs(value) / span
         y = zero - h if (value or 0) >= 0 else zero
-        out.append({"label": label, "value": value, "x": round(i * step + GAP / 2, 1),
-                    "w": round(max(step - GAP, 1), 1), "y": round(y, 1), "h": round(h, 1)})
+        out.append(
+            {
+                "label": label,
+                "value": value,
+                "x": round(i * step + GAP / 2, 1),
+                "w": round(max(step - GAP, 1), 1),
+                "y": round(y, 1),
+                "h": round(h, 1),
+            }
+        )
     return {"bars": out, "width": WIDTH, "height": HEIGHT, "zero": round(zero, 1)}

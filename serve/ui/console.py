@@ -34,10 +34,12 @@ async def checkpoints(request: Request, web: Web = Depends(web_of)):
     lineage = [{**versions[v], "depth": depth, "served": stats.get(v) or {}} for v, depth in _tree(versions)]
     by_turn = sorted((c for c in versions.values() if c.get("turn") is not None), key=lambda c: c["turn"])
     return web.page(
-        "checkpoints.html", session, lineage=lineage,
+        "checkpoints.html",
+        session,
+        lineage=lineage,
         reward_chart=bars([(c["version"], c["served"].get("mean_reward")) for c in lineage]),
-        turn_chart=bars([(f"turn {c['turn']}", (stats.get(c["version"]) or {}).get("mean_reward"))
-                         for c in by_turn]))
+        turn_chart=bars([(f"turn {c['turn']}", (stats.get(c["version"]) or {}).get("mean_reward")) for c in by_turn]),
+    )
 
 
 @router.get("/ui/usage")
@@ -45,23 +47,31 @@ async def usage(request: Request, web: Web = Depends(web_of)):
     session = web.session(request)
     rows = await web.read(session, "usage")
     for r in rows:  # priced as the ledger prices a request (whole micro-dollars)
-        r["cost_usd"] = micro_usd(r["input_tokens"], r["output_tokens"], web.config.prices.get(r["model"]),
-                                  r["cached_input_tokens"]) / 1e6
+        r["cost_usd"] = (
+            micro_usd(r["input_tokens"], r["output_tokens"], web.config.prices.get(r["model"]), r["cached_input_tokens"]) / 1e6
+        )
     tokens: dict[str, float] = {}
     cost: dict[str, float] = {}
     for r in rows:
         day = str(r["day"])
         tokens[day] = tokens.get(day, 0) + r["input_tokens"] + r["output_tokens"]
         cost[day] = cost.get(day, 0.0) + r["cost_usd"]
-    return web.page("usage.html", session, rows=rows, tokens_chart=bars(list(tokens.items())),
-                    cost_chart=bars(list(cost.items())))
+    return web.page(
+        "usage.html", session, rows=rows, tokens_chart=bars(list(tokens.items())), cost_chart=bars(list(cost.items()))
+    )
 
 
 @router.get("/ui/sql")
 async def sql_form(request: Request, web: Web = Depends(web_of)):
     session = web.session(request)
-    return web.page("sql.html", session, sql="SELECT * FROM traces ORDER BY time_received DESC LIMIT 20",
-                    result=None, error=None, truncated=False)
+    return web.page(
+        "sql.html",
+        session,
+        sql="SELECT * FROM traces ORDER BY time_received DESC LIMIT 20",
+        result=None,
+        error=None,
+        truncated=False,
+    )
 
 
 @router.post("/ui/sql")
@@ -75,8 +85,7 @@ async def sql_run(request: Request, web: Web = Depends(web_of)):
         columns, rows, truncated = await web.read(session, "console", sql, web.config.ui.sql_max_rows)
     except (QueryRefused, duckdb.Error) as exc:
         return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
-    return web.page("sql.html", session, sql=sql, result={"columns": columns, "rows": rows},
-                    error=None, truncated=truncated)
+    return web.page("sql.html", session, sql=sql, result={"columns": columns, "rows": rows}, error=None, truncated=truncated)
 
 
 @router.get("/ui/sql/download")
@@ -88,8 +97,11 @@ async def sql_download(request: Request, sql: str = "", format: str = "csv", web
         data = await web.read(session, "download", sql, format, DOWNLOAD_MAX_ROWS)
     except (QueryRefused, duckdb.Error) as exc:
         return web.page("sql.html", session, 400, sql=sql, result=None, error=_reason(exc), truncated=False)
-    return Response(data, media_type="text/csv" if format == "csv" else "application/vnd.apache.parquet",
-                    headers={"Content-Disposition": f'attachment; filename="traces-query.{format}"'})
+    return Response(
+        data,
+        media_type="text/csv" if format == "csv" else "application/vnd.apache.parquet",
+        headers={"Content-Disposition": f'attachment; filename="traces-query.{format}"'},
+    )
 
 
 def _registry(path: str | None) -> dict[str, dict]:
@@ -108,13 +120,24 @@ def _for_team(registered: dict[str, dict], served: set[str], team: str) -> dict[
         while version in registered and version not in keep:
             keep.add(version)
             version = registered[version].get("parent")
-    return {v: c if c.get("team") == team else {**c, "dataset": None, "env": None, "path": "", "metrics": {}}
-            for v, c in registered.items() if v in keep}
+    return {
+        v: c if c.get("team") == team else {**c, "dataset": None, "env": None, "path": "", "metrics": {}}
+        for v, c in registered.items()
+        if v in keep
+    }
 
 
 def _unregistered(version: str, kind: str, parent: str | None) -> dict:
-    return {"version": version, "kind": kind, "parent": parent, "dataset": None, "turn": None,
-            "env": None, "created": "", "path": ""}
+    return {
+        "version": version,
+        "kind": kind,
+        "parent": parent,
+        "dataset": None,
+        "turn": None,
+        "env": None,
+        "created": "",
+        "path": "",
+    }
 
 
 def _tree(versions: dict[str, dict]) -> list[tuple[str, int]]:

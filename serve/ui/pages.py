@@ -46,9 +46,15 @@ async def login(request: Request, web: Web = Depends(web_of)):
     if caller is None:
         return web.page("login.html", None, 401, next=next_url, error=error)
     response = RedirectResponse(next_url, status_code=303)
-    response.set_cookie(COOKIE, web.sessions.issue(caller), max_age=int(web.config.ui.session_ttl_s),
-                        path="/ui", httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(
+        COOKIE,
+        web.sessions.issue(caller),
+        max_age=int(web.config.ui.session_ttl_s),
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 
@@ -71,12 +77,20 @@ async def traces(request: Request, page: int = 0, web: Web = Depends(web_of)):
     try:
         rows, more = await web.read(session, "traces", filters, page, web.config.ui.page_size)
     except BadFilter as exc:
-        return web.page("traces.html", session, 400, rows=[], filters=filters, error=str(exc),
-                        page=page, prev_url=None, next_url=None)
+        return web.page(
+            "traces.html", session, 400, rows=[], filters=filters, error=str(exc), page=page, prev_url=None, next_url=None
+        )
     query = filters.active()
-    return web.page("traces.html", session, rows=rows, filters=filters, error=None, page=page,
-                    prev_url=f"/ui/traces?{urlencode({**query, 'page': page - 1})}" if page else None,
-                    next_url=f"/ui/traces?{urlencode({**query, 'page': page + 1})}" if more else None)
+    return web.page(
+        "traces.html",
+        session,
+        rows=rows,
+        filters=filters,
+        error=None,
+        page=page,
+        prev_url=f"/ui/traces?{urlencode({**query, 'page': page - 1})}" if page else None,
+        next_url=f"/ui/traces?{urlencode({**query, 'page': page + 1})}" if more else None,
+    )
 
 
 @router.get("/ui/traces/{trace_id}")
@@ -91,11 +105,18 @@ async def _trace_page(web: Web, session, trace_id: str, status: int = 200, error
         return web.not_found(session, f"Trace {trace_id}")
     feedback = await web.read(session, "feedback", trace_id)
     tokenizer = await run_in_threadpool(tokenizer_for, web.config, record["deployment"])
-    return web.page("trace.html", session, status, t=record, feedback=feedback, error=error,
-                    messages=_messages(record["gen_ai_input_messages"]),
-                    tool_calls=_tool_calls(record["response_tool_calls"]),
-                    tokens=pieces(record["completion_token_ids"], record["completion_logprobs"], tokenizer),
-                    timing=_timing(record))
+    return web.page(
+        "trace.html",
+        session,
+        status,
+        t=record,
+        feedback=feedback,
+        error=error,
+        messages=_messages(record["gen_ai_input_messages"]),
+        tool_calls=_tool_calls(record["response_tool_calls"]),
+        tokens=pieces(record["completion_token_ids"], record["completion_logprobs"], tokenizer),
+        timing=_timing(record),
+    )
 
 
 @router.post("/ui/traces/{trace_id}/feedback")
@@ -106,8 +127,9 @@ async def feedback(request: Request, trace_id: str, web: Web = Depends(web_of)):
         return web.expired(session)
     if await web.read(session, "trace", trace_id) is None:
         return web.not_found(session, f"Trace {trace_id}")
-    fields = {k: str(form.get(k)).strip() for k in ("name", "reward", "score", "label", "comment")
-              if str(form.get(k) or "").strip()}
+    fields = {
+        k: str(form.get(k)).strip() for k in ("name", "reward", "score", "label", "comment") if str(form.get(k) or "").strip()
+    }
     try:
         item = FeedbackItem.model_validate({"trace_id": trace_id, "source": "ui", **fields})
     except ValidationError as exc:
@@ -152,8 +174,13 @@ def _messages(text: str | None) -> list[dict]:
         if isinstance(content, list):  # content parts: their text, in order
             content = "\n".join(p.get("text", json.dumps(p)) if isinstance(p, dict) else str(p) for p in content)
         extra = {k: v for k, v in m.items() if k not in ("role", "content")}
-        out.append({"role": str(m.get("role", "?")), "content": content or "",
-                    "extra": json.dumps(extra, indent=2, ensure_ascii=False) if extra else None})
+        out.append(
+            {
+                "role": str(m.get("role", "?")),
+                "content": content or "",
+                "extra": json.dumps(extra, indent=2, ensure_ascii=False) if extra else None,
+            }
+        )
     return out
 
 
@@ -170,8 +197,7 @@ def _tool_calls(text: str | None) -> list[dict]:
             args = json.dumps(json.loads(args), indent=2, ensure_ascii=False)
         except (TypeError, ValueError):
             pass
-        out.append({"name": fn.get("name", "?"), "id": c.get("id") if isinstance(c, dict) else None,
-                    "arguments": args})
+        out.append({"name": fn.get("name", "?"), "id": c.get("id") if isinstance(c, dict) else None, "arguments": args})
     return out
 
 

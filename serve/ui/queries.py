@@ -39,11 +39,11 @@ class TraceFilters:
     checkpoint: str = ""
     session: str = ""
     env: str = ""
-    status: str = ""          # "", "ok", "error"
-    tools: str = ""           # "", "1": only traces with tool calls
+    status: str = ""  # "", "ok", "error"
+    tools: str = ""  # "", "1": only traces with tool calls
     reward_min: str = ""
     reward_max: str = ""
-    q: str = ""               # full text over request, response and reasoning
+    q: str = ""  # full text over request, response and reasoning
 
     @classmethod
     def from_query(cls, params) -> "TraceFilters":
@@ -67,8 +67,12 @@ class TraceFilters:
                 moment = _moment(name, value)
                 # the date partition column lets DuckDB skip whole days' files
                 clauses.append(f"date {op} {bind(moment.date())} AND time_received {op} {bind(moment)}")
-        for name, column in (("model", "gen_ai_request_model"), ("checkpoint", "checkpoint_version"),
-                             ("session", "gen_ai_conversation_id"), ("env", "env_id")):
+        for name, column in (
+            ("model", "gen_ai_request_model"),
+            ("checkpoint", "checkpoint_version"),
+            ("session", "gen_ai_conversation_id"),
+            ("env", "env_id"),
+        ):
             if getattr(self, name):
                 clauses.append(f"{column} = {bind(getattr(self, name))}")
         if self.status == "ok":
@@ -84,13 +88,16 @@ class TraceFilters:
             high = _number("reward_max", self.reward_max, float("inf"))
             # the `rewards` view's rule (latest feedback, of the trace's team or the admin), joined
             # to the days being searched only ({days}: filled in by the caller) instead of them all
-            clauses.append(f"trace_id IN (SELECT f.trace_id FROM feedback f JOIN traces t ON f.trace_id = t.trace_id "
-                           f"AND {FEEDBACK_VISIBLE_SQL} WHERE f.name = 'reward' AND t.date IN ({{days}}) "
-                           f"GROUP BY f.trace_id HAVING arg_max(f.reward, f.time_created) BETWEEN {bind(low)} AND {bind(high)})")
+            clauses.append(
+                f"trace_id IN (SELECT f.trace_id FROM feedback f JOIN traces t ON f.trace_id = t.trace_id "
+                f"AND {FEEDBACK_VISIBLE_SQL} WHERE f.name = 'reward' AND t.date IN ({{days}}) "
+                f"GROUP BY f.trace_id HAVING arg_max(f.reward, f.time_created) BETWEEN {bind(low)} AND {bind(high)})"
+            )
         if self.q:  # the text as typed: % and _ match themselves
             pattern = bind("%" + self.q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
-            likes = " OR ".join(f"{c} ILIKE {pattern} ESCAPE '\\'" for c in
-                                ("gen_ai_input_messages", "response_content", "response_reasoning"))
+            likes = " OR ".join(
+                f"{c} ILIKE {pattern} ESCAPE '\\'" for c in ("gen_ai_input_messages", "response_content", "response_reasoning")
+            )
             clauses.append(f"({likes})")
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
 
@@ -153,8 +160,10 @@ class Reader:
         asked of the newest days first (a day is a directory of files; sorting the whole store
         would read most of it), then the page's columns for those ids only, in their days."""
         if (page + 1) * size > MAX_LISTED:
-            raise BadFilter(f"page {page} is past the {MAX_LISTED:,} newest matches a list reaches; "
-                            "narrow it with the filters (since, until, ...)")
+            raise BadFilter(
+                f"page {page} is past the {MAX_LISTED:,} newest matches a list reaches; "
+                "narrow it with the filters (since, until, ...)"
+            )
         where, params = filters.where()
         need = (page + 1) * size + 1
         found: list[dict] = []
@@ -162,13 +171,15 @@ class Reader:
         while days and len(found) < need:
             chunk, days = days[:window], days[window:]
             holes = ", ".join(f"${len(params) + i + 1}" for i in range(len(chunk)))
-            scope = (f"{where.replace('{days}', holes)} AND date IN ({holes})" if where
-                     else f" WHERE date IN ({holes})")
-            found += self.rows(f"SELECT trace_id, time_received, date FROM traces{scope} "
-                               f"ORDER BY time_received DESC NULLS LAST, trace_id DESC "
-                               f"LIMIT {need - len(found)}", params + chunk)
+            scope = f"{where.replace('{days}', holes)} AND date IN ({holes})" if where else f" WHERE date IN ({holes})"
+            found += self.rows(
+                f"SELECT trace_id, time_received, date FROM traces{scope} "
+                f"ORDER BY time_received DESC NULLS LAST, trace_id DESC "
+                f"LIMIT {need - len(found)}",
+                params + chunk,
+            )
             window *= 2  # few matches in the newest days: look further back in bigger steps
-        wanted = found[page * size:(page + 1) * size]
+        wanted = found[page * size : (page + 1) * size]
         return self._page_rows(wanted), len(found) > (page + 1) * size
 
     def _page_rows(self, wanted: list[dict]) -> list[dict]:
@@ -183,8 +194,9 @@ class Reader:
             clauses.append("time_received BETWEEN $2 AND $3")
             clauses.append("date IN (" + ", ".join(f"${i + 4}" for i in range(len(dates))) + ")")
             params += dates
-        by_id = {r["trace_id"]: r for r in self.rows(
-            f"SELECT {LIST_COLUMNS}, team FROM traces WHERE {' AND '.join(clauses)}", params)}
+        by_id = {
+            r["trace_id"]: r for r in self.rows(f"SELECT {LIST_COLUMNS}, team FROM traces WHERE {' AND '.join(clauses)}", params)
+        }
         rows = [by_id[w["trace_id"]] for w in wanted if w["trace_id"] in by_id]
         rewards = self._latest_rewards(rows)
         for r in rows:
@@ -196,8 +208,11 @@ class Reader:
         by id (the view joins all of ``traces`` to match teams; these rows carry their team)."""
         team_of = {r["trace_id"]: r["team"] for r in rows}
         latest: dict[str, tuple] = {}
-        for f in self.rows("SELECT trace_id, team, reward, time_created FROM feedback WHERE name = 'reward' "
-                           "AND reward IS NOT NULL AND trace_id IN (SELECT unnest($1))", [list(team_of)]):
+        for f in self.rows(
+            "SELECT trace_id, team, reward, time_created FROM feedback WHERE name = 'reward' "
+            "AND reward IS NOT NULL AND trace_id IN (SELECT unnest($1))",
+            [list(team_of)],
+        ):
             if feedback_visible(f["team"], team_of[f["trace_id"]]):
                 if f["trace_id"] not in latest or f["time_created"] > latest[f["trace_id"]][0]:
                     latest[f["trace_id"]] = (f["time_created"], f["reward"])
@@ -214,34 +229,46 @@ class Reader:
         clauses = "".join(f" AND {k} = ${i + 2}" for i, k in enumerate(part))
         found = self.rows(f"SELECT * FROM traces WHERE trace_id = $1{clauses}", [trace_id, *part.values()], limit=1)
         return found[0] if found else None
+
     def feedback(self, trace_id: str) -> list[dict]:
-        return self.rows("SELECT name, reward, score, label, comment, source, time_created FROM feedback "
-                         "WHERE trace_id = $1 ORDER BY time_created", [trace_id])
+        return self.rows(
+            "SELECT name, reward, score, label, comment, source, time_created FROM feedback "
+            "WHERE trace_id = $1 ORDER BY time_created",
+            [trace_id],
+        )
 
     def session(self, session_id: str) -> list[dict]:
         return self.rows(
             "SELECT trace_id, time_received, gen_ai_request_model, checkpoint_version, ttft_ms, error, "
             "coalesce(prompt_prefix_len, 0) AS reused_tokens, len(prompt_new_token_ids) AS new_tokens, "
             "gen_ai_usage_output_tokens AS output_tokens, gen_ai_usage_cache_read_input_tokens AS cached "
-            "FROM traces WHERE gen_ai_conversation_id = $1 ORDER BY time_received, trace_id", [session_id])
+            "FROM traces WHERE gen_ai_conversation_id = $1 ORDER BY time_received, trace_id",
+            [session_id],
+        )
 
     def by_checkpoint(self) -> dict[str, dict]:
-        served = self.rows("SELECT coalesce(checkpoint_version, 'base') AS version, count(*) AS traces, "
-                           "max(time_received) AS last_served FROM traces GROUP BY ALL")
-        rewards = self.rows("SELECT coalesce(t.checkpoint_version, 'base') AS version, avg(r.reward) AS "
-                            "mean_reward, count(r.reward) AS rewarded FROM rewards r JOIN traces t "
-                            "USING (trace_id) WHERE r.name = 'reward' GROUP BY ALL")
+        served = self.rows(
+            "SELECT coalesce(checkpoint_version, 'base') AS version, count(*) AS traces, "
+            "max(time_received) AS last_served FROM traces GROUP BY ALL"
+        )
+        rewards = self.rows(
+            "SELECT coalesce(t.checkpoint_version, 'base') AS version, avg(r.reward) AS "
+            "mean_reward, count(r.reward) AS rewarded FROM rewards r JOIN traces t "
+            "USING (trace_id) WHERE r.name = 'reward' GROUP BY ALL"
+        )
         out = {r["version"]: {**r, "mean_reward": None, "rewarded": 0} for r in served}
         for r in rewards:
             out.setdefault(r["version"], {"version": r["version"], "traces": 0, "last_served": None}).update(r)
         return out
 
     def usage(self) -> list[dict]:
-        return self.rows("SELECT day, team, model, sum(requests)::BIGINT AS requests, "
-                         "coalesce(sum(input_tokens), 0)::BIGINT AS input_tokens, "
-                         "coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens, "
-                         "coalesce(sum(cached_input_tokens), 0)::BIGINT AS cached_input_tokens "
-                         "FROM usage_by_team GROUP BY ALL ORDER BY day, team, model")
+        return self.rows(
+            "SELECT day, team, model, sum(requests)::BIGINT AS requests, "
+            "coalesce(sum(input_tokens), 0)::BIGINT AS input_tokens, "
+            "coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens, "
+            "coalesce(sum(cached_input_tokens), 0)::BIGINT AS cached_input_tokens "
+            "FROM usage_by_team GROUP BY ALL ORDER BY day, team, model"
+        )
 
     def console(self, sql: str, limit: int) -> tuple[list[str], list[list[str]], bool]:
         """The SQL console's answer: column names, at most ``limit`` rows of cells cut to 300
@@ -254,13 +281,13 @@ class Reader:
         """The whole result as a CSV or Parquet file (at most ``max_rows`` rows)."""
         import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
+
         table = self.table(sql, None, max_rows)
         out = io.BytesIO()
         if format == "csv":
             pacsv.write_csv(_as_text(table, lambda t: not any(is_type(t) for is_type in _CSV_TYPES)), out)
         else:  # Parquet has no interval of months, days and nanoseconds, nor a union
-            pq.write_table(_as_text(table, lambda t: pa.types.is_interval(t) or pa.types.is_union(t)), out,
-                           compression="zstd")
+            pq.write_table(_as_text(table, lambda t: pa.types.is_interval(t) or pa.types.is_union(t)), out, compression="zstd")
         return out.getvalue()
 
 
@@ -281,9 +308,18 @@ def _cell(value) -> str:
     return text if len(text) <= 300 else text[:300] + "…"
 
 
-_CSV_TYPES = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
-              pa.types.is_large_string, pa.types.is_decimal, pa.types.is_null, pa.types.is_timestamp,
-              pa.types.is_date, pa.types.is_time)
+_CSV_TYPES = (
+    pa.types.is_integer,
+    pa.types.is_floating,
+    pa.types.is_boolean,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_decimal,
+    pa.types.is_null,
+    pa.types.is_timestamp,
+    pa.types.is_date,
+    pa.types.is_time,
+)
 
 
 def _as_text(table, needs_text):
@@ -293,9 +329,11 @@ def _as_text(table, needs_text):
     for name in table.column_names:
         col = table.column(name)
         if needs_text(col.type):
-            values = [v for b in pa.Table.from_arrays([col], names=[name]).to_batches()
-                      for v in (json.loads(r)[0] for r in json_rows(b))]
-            col = pa.array([None if v is None else v if isinstance(v, str) else json.dumps(v) for v in values],
-                           pa.string())
+            values = [
+                v
+                for b in pa.Table.from_arrays([col], names=[name]).to_batches()
+                for v in (json.loads(r)[0] for r in json_rows(b))
+            ]
+            col = pa.array([None if v is None else v if isinstance(v, str) else json.dumps(v) for v in values], pa.string())
         cols.append(col)
     return pa.table(cols, names=table.column_names)

@@ -62,8 +62,13 @@ class Sessions:
         return base64.urlsafe_b64encode(hmac.new(self.secret, data, hashlib.sha256).digest()).decode().rstrip("=")
 
     def issue(self, caller: Caller) -> str:
-        payload = {"team": caller.team, "kid": caller.key_id, "admin": caller.admin,
-                   "nonce": secrets.token_urlsafe(16), "exp": time.time() + self.ttl_s}
+        payload = {
+            "team": caller.team,
+            "kid": caller.key_id,
+            "admin": caller.admin,
+            "nonce": secrets.token_urlsafe(16),
+            "exp": time.time() + self.ttl_s,
+        }
         if caller.admin:
             payload["akm"] = self.admin_mark
         body = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
@@ -89,8 +94,9 @@ class Sessions:
             record = self.keys.by_id(payload["kid"]) if self.keys else None
             if record is None or record.revoked or record.team != payload["team"]:
                 return None
-        return UISession(Caller(team=payload["team"], key_id=payload["kid"], admin=payload["admin"]),
-                         payload["nonce"], payload["exp"])
+        return UISession(
+            Caller(team=payload["team"], key_id=payload["kid"], admin=payload["admin"]), payload["nonce"], payload["exp"]
+        )
 
     def csrf(self, session: UISession) -> str:
         return self._sign(b"csrf:" + session.nonce.encode())

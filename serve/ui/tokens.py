@@ -17,6 +17,7 @@ from serve.config import GatewayConfig
 @lru_cache(maxsize=8)
 def _tokenizer(model_dir: str):
     from tokenizers import Tokenizer
+
     path = Path(model_dir) / "tokenizer.json"
     return Tokenizer.from_file(str(path)) if path.is_file() else None
 

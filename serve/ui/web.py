@@ -42,8 +42,13 @@ class Web:
     def __init__(self, config: GatewayConfig, sessions: Sessions, queries: QueryPool):
         self.config, self.sessions, self.queries = config, sessions, queries
         self.limits = QueryLimits.of(config)
-        self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True,
-                               undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+        self.env = Environment(
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=True,
+            undefined=StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
         self.env.filters["pretty"] = pretty_json
         self.env.filters["ms"] = lambda v: "–" if v is None else f"{v:,.1f} ms"
         self.env.filters["num"] = lambda v: "–" if v is None else f"{v:,}"
@@ -62,20 +67,26 @@ class Web:
         team = None if session.caller.admin else session.caller.team
         try:
             return await self.queries.run(read, self.config.traces_dir, team, self.limits, method, args)
-        except (QueryDeadline, QueryTooLarge, QueryWorkerLost, duckdb.InterruptException,
-                duckdb.OutOfMemoryException) as exc:
+        except (QueryDeadline, QueryTooLarge, QueryWorkerLost, duckdb.InterruptException, duckdb.OutOfMemoryException) as exc:
             failure = query_failure(exc, self.config.query_timeout_s)
             raise QueryFailed(session, failure.status, failure.message) from None
 
     def page(self, template: str, session: UISession | None, status: int = 200, **values) -> HTMLResponse:
         html = self.env.get_template(template).render(
-            session=session, csrf=self.sessions.csrf(session) if session else "", **values)
-        return HTMLResponse(html, status_code=status, headers={
-            # nothing on these pages comes from elsewhere; inline scripts are refused outright
-            "Content-Security-Policy": "default-src 'self'; script-src 'none'; style-src 'self'; "
-                                       "style-src-attr 'unsafe-inline'; "
-                                       "img-src 'self' data:; frame-ancestors 'none'",
-            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"})
+            session=session, csrf=self.sessions.csrf(session) if session else "", **values
+        )
+        return HTMLResponse(
+            html,
+            status_code=status,
+            headers={
+                # nothing on these pages comes from elsewhere; inline scripts are refused outright
+                "Content-Security-Policy": "default-src 'self'; script-src 'none'; style-src 'self'; "
+                "style-src-attr 'unsafe-inline'; "
+                "img-src 'self' data:; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff",
+                "Referrer-Policy": "same-origin",
+            },
+        )
 
     async def form(self, request: Request, session: UISession):
         """The posted form, or None when it lacks this session's CSRF token."""
@@ -86,8 +97,9 @@ class Web:
         return self.page("error.html", session, 403, title="Forbidden", message="The form has expired; reload the page.")
 
     def not_found(self, session: UISession, what: str) -> HTMLResponse:
-        return self.page("error.html", session, 404, title="Not found",
-                         message=f"{what} does not exist, or it is not your team's.")
+        return self.page(
+            "error.html", session, 404, title="Not found", message=f"{what} does not exist, or it is not your team's."
+        )
 
 
 def login_redirect(exc: LoginNeeded) -> RedirectResponse:

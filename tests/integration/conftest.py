@@ -15,10 +15,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("runs_last") is not None)
 
 
-LOCAL_STACK = ["gateway.port=18000", "frontend.port=18100", "worker.system_port_base=18200",
-               "worker.nixl_port_base=15600",
-               # a random-weight model never ends an unbounded value: bound them
-               "gateway.tools.max_string_length=12", "gateway.tools.max_array_items=3"]
+LOCAL_STACK = [
+    "gateway.port=18000",
+    "frontend.port=18100",
+    "worker.system_port_base=18200",
+    "worker.nixl_port_base=15600",
+    # a random-weight model never ends an unbounded value: bound them
+    "gateway.tools.max_string_length=12",
+    "gateway.tools.max_array_items=3",
+]
 
 
 def flywheel_cli(cfg, *args: str):
@@ -28,8 +33,9 @@ def flywheel_cli(cfg, *args: str):
     from pathlib import Path
 
     sets = [a for kv in [f"home={cfg.home}", *LOCAL_STACK] for a in ("--set", kv)]
-    return subprocess.run([str(Path(sys.executable).parent / "flywheel"), *args, *sets], capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "flywheel"), *args, *sets], capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +60,7 @@ def gateway_url(stack):
 @pytest.fixture(scope="session")
 def openai_client(gateway_url):
     from openai import OpenAI
+
     return OpenAI(base_url=f"{gateway_url}/v1", api_key="test-key", max_retries=0)
 
 
@@ -61,9 +68,18 @@ def openai_client(gateway_url):
 def sim_stack(tmp_path_factory):
     """Dynamo's mocker engine (2 workers) behind the real frontend and gateway."""
     home = tmp_path_factory.mktemp("flywheel-sim")
-    cfg = load_config("sim", [f"home={home}", "gateway.port=19000", "frontend.port=19100",
-                              "worker.system_port_base=19200", "worker.nixl_port_base=15700",
-                              "worker.speedup_ratio=20"], environ={})
+    cfg = load_config(
+        "sim",
+        [
+            f"home={home}",
+            "gateway.port=19000",
+            "frontend.port=19100",
+            "worker.system_port_base=19200",
+            "worker.nixl_port_base=15700",
+            "worker.speedup_ratio=20",
+        ],
+        environ={},
+    )
     up(cfg)
     try:
         yield cfg
@@ -76,9 +92,16 @@ def base_alias(stack):
     """Tests that need the base model under `tiny` (earlier tests may have swapped it)."""
     from feedback.hotswap import HotSwap
     from feedback.registry import Registry
+
     gw = stack.resolved_gateway()
-    HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, Registry(stack.home_path / "checkpoints.json"),
-            gw.deployments[0].name, "tiny", stack.model_path).reset("tiny")
+    HotSwap(
+        f"http://{gw.host}:{gw.port}",
+        gw.admin_key,
+        Registry(stack.home_path / "checkpoints.json"),
+        gw.deployments[0].name,
+        "tiny",
+        stack.model_path,
+    ).reset("tiny")
 
 
 @pytest.fixture
@@ -86,10 +109,17 @@ def base_afterwards(stack):
     """For tests that move `tiny` to other weights: the base model under it again afterwards."""
     from feedback.hotswap import HotSwap
     from feedback.registry import Registry
+
     yield
     gw = stack.resolved_gateway()
-    HotSwap(f"http://{gw.host}:{gw.port}", gw.admin_key, Registry(stack.home_path / "checkpoints.json"),
-            gw.deployments[0].name, "tiny", stack.model_path).reset("tiny")
+    HotSwap(
+        f"http://{gw.host}:{gw.port}",
+        gw.admin_key,
+        Registry(stack.home_path / "checkpoints.json"),
+        gw.deployments[0].name,
+        "tiny",
+        stack.model_path,
+    ).reset("tiny")
 
 
 def exposed_listeners(cfg) -> tuple[set[str], list]:

@@ -31,15 +31,22 @@ def sdk(sim_stack):
 
 
 def _line(cid: str, max_tokens: int = 8, **extra) -> str:
-    return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "tiny", "messages": [{"role": "user", "content": f"say {cid}"}],
-                                "max_tokens": max_tokens}, **extra})
+    return json.dumps(
+        {
+            "custom_id": cid,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": f"say {cid}"}], "max_tokens": max_tokens},
+            **extra,
+        }
+    )
 
 
 def _submit(client: OpenAI, lines: list[str]):
     f = client.files.create(file=("lines.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
-    return client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                 metadata={"job": "test"})
+    return client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"job": "test"}
+    )
 
 
 def _wait(client: OpenAI, batch_id: str, until=lambda b: b.status in FINAL, timeout_s: float = 180):
@@ -62,20 +69,37 @@ def _jsonl(client: OpenAI, file_id: str) -> list[dict]:
 def _trace_rows(cfg, batch_id: str) -> dict[str, int]:
     time.sleep(2 * cfg.resolved_gateway().trace_flush_age_s + 0.5)  # spool -> Parquet
     rows = TraceStore(cfg.traces_path).sql(
-        f"SELECT custom_id, count(*) AS n FROM traces WHERE batch_id = '{batch_id}' GROUP BY custom_id")
+        f"SELECT custom_id, count(*) AS n FROM traces WHERE batch_id = '{batch_id}' GROUP BY custom_id"
+    )
     return {r["custom_id"]: r["n"] for r in rows.to_pylist()}
 
 
 def test_good_lines_are_answered_and_bad_ones_reported_with_exact_counts(sim_stack, sdk):
     client = sdk["batchers"]
     good = [_line(f"q{i}") for i in range(12)]
-    bad = ["{not json", _line("q3"),  # a duplicate custom_id
-           json.dumps({"custom_id": "wrong-url", "method": "POST", "url": "/v1/completions",
-                       "body": {"model": "tiny", "prompt": "x"}}),
-           json.dumps({"custom_id": "no-model", "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}}),
-           json.dumps({"custom_id": "bad-body", "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "tiny", "messages": "not a list"}})]
+    bad = [
+        "{not json",
+        _line("q3"),  # a duplicate custom_id
+        json.dumps(
+            {"custom_id": "wrong-url", "method": "POST", "url": "/v1/completions", "body": {"model": "tiny", "prompt": "x"}}
+        ),
+        json.dumps(
+            {
+                "custom_id": "no-model",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+            }
+        ),
+        json.dumps(
+            {
+                "custom_id": "bad-body",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "tiny", "messages": "not a list"},
+            }
+        ),
+    ]
     batch = _submit(client, good[:6] + bad + good[6:])
     assert batch.status == "in_progress" and batch.request_counts.total == 17
     batch = _wait(client, batch.id)
@@ -99,17 +123,19 @@ def test_good_lines_are_answered_and_bad_ones_reported_with_exact_counts(sim_sta
 def test_another_team_sees_neither_the_files_nor_the_batches(sim_stack, sdk):
     owner, other = sdk["batchers"], sdk["others"]
     batch = _wait(owner, _submit(owner, [_line("mine")]).id)
-    for call in (lambda: other.batches.retrieve(batch.id), lambda: other.batches.cancel(batch.id),
-                 lambda: other.files.retrieve(batch.input_file_id),
-                 lambda: other.files.content(batch.output_file_id),
-                 lambda: other.files.delete(batch.input_file_id)):
+    for call in (
+        lambda: other.batches.retrieve(batch.id),
+        lambda: other.batches.cancel(batch.id),
+        lambda: other.files.retrieve(batch.input_file_id),
+        lambda: other.files.content(batch.output_file_id),
+        lambda: other.files.delete(batch.input_file_id),
+    ):
         with pytest.raises(NotFoundError):
             call()
     assert batch.id not in [b.id for b in other.batches.list()]
     assert not {batch.input_file_id, batch.output_file_id} & {f.id for f in other.files.list()}
     with pytest.raises(NotFoundError):  # nor can it run a batch over another team's file
-        other.batches.create(input_file_id=batch.input_file_id, endpoint="/v1/chat/completions",
-                             completion_window="24h")
+        other.batches.create(input_file_id=batch.input_file_id, endpoint="/v1/chat/completions", completion_window="24h")
     assert owner.files.retrieve(batch.input_file_id).purpose == "batch"
 
 

@@ -21,16 +21,14 @@ from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
 
-LOAD = {"model": "tiny", "messages": [{"role": "user", "content": "Reverse the word: green"}],
-        "max_tokens": 4, "temperature": 0}
+LOAD = {"model": "tiny", "messages": [{"role": "user", "content": "Reverse the word: green"}], "max_tokens": 4, "temperature": 0}
 
 
 def two_layer_checkpoint(stack, out):
     """A model of another size on the same tokenizer, trained to answer PROMPT_IDS its own way."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(stack.model_path, num_hidden_layers=2,
-                                        layer_types=["full_attention"] * 2)
+    config = AutoConfig.from_pretrained(stack.model_path, num_hidden_layers=2, layer_types=["full_attention"] * 2)
     torch.manual_seed(3)
     fresh = out / "fresh"
     AutoModelForCausalLM.from_config(config).save_pretrained(fresh)
@@ -70,8 +68,9 @@ def test_blue_green_deploy_of_another_shape_then_rollback_under_load(stack, tmp_
 
     store = TraceStore(stack.traces_path)
     wait_for_trace_rows(store, "bg-load", len(load.results))
-    rows = store.sql("SELECT checkpoint_version AS v, deployment AS d FROM traces WHERE env_id = 'bg-load' "
-                     "ORDER BY time_received").to_pylist()
+    rows = store.sql(
+        "SELECT checkpoint_version AS v, deployment AS d FROM traces WHERE env_id = 'bg-load' ORDER BY time_received"
+    ).to_pylist()
     changes = [(r["v"], r["d"]) for i, r in enumerate(rows) if i == 0 or r != rows[i - 1]]
     assert changes == [(BASE, "local"), ("two-layer", "local-b")], changes  # one switch-over
 

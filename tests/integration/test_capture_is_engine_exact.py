@@ -10,8 +10,10 @@ from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
 
-MESSAGES = [{"role": "system", "content": "You are terse."},
-            {"role": "user", "content": "Sum 12 and 30, then say hello 3 times."}]
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Sum 12 and 30, then say hello 3 times."},
+]
 ENGINE_FIELDS = {"nvext": {"extra_fields": ["completion_token_ids"]}}
 
 
@@ -29,14 +31,19 @@ def trace_row(stack, trace_id: str, timeout_s: float = 10.0) -> dict:
 
 def expected_prompt_ids(stack, messages) -> list[int]:
     tok = AutoTokenizer.from_pretrained(stack.model_path)
-    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                        return_dict=False))
+    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
 def test_unary_chat_trace_equals_engine_output(stack, openai_client):
     raw = openai_client.chat.completions.with_raw_response.create(
-        model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, logprobs=True,
-        extra_body=ENGINE_FIELDS, extra_headers={"X-Session-ID": "sess-unary"})
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        extra_body=ENGINE_FIELDS,
+        extra_headers={"X-Session-ID": "sess-unary"},
+    )
     resp = raw.parse().model_dump()
     engine_ids = resp["nvext"]["completion_token_ids"]
     content = resp["choices"][0]["logprobs"]["content"]
@@ -54,8 +61,15 @@ def test_unary_chat_trace_equals_engine_output(stack, openai_client):
 
 def test_streamed_chat_trace_equals_engine_output(stack, openai_client):
     raw = openai_client.chat.completions.with_raw_response.create(
-        model="tiny", messages=MESSAGES, max_tokens=12, temperature=1.0, seed=7, logprobs=True,
-        stream=True, extra_body=ENGINE_FIELDS)
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=1.0,
+        seed=7,
+        logprobs=True,
+        stream=True,
+        extra_body=ENGINE_FIELDS,
+    )
     ids, logprobs, text, usage_seen = [], [], [], False
     for chunk in raw.parse():
         d = chunk.model_dump()
@@ -79,8 +93,15 @@ def test_completions_trace_equals_engine_output(stack, openai_client, stream):
     tok = AutoTokenizer.from_pretrained(stack.model_path)
     prompt = "def fibonacci(n):\n    return 1234"
     raw = openai_client.completions.with_raw_response.create(
-        model="tiny", prompt=prompt, max_tokens=8, temperature=0, logprobs=1, stream=stream,
-        stream_options={"include_usage": True} if stream else None, extra_body=ENGINE_FIELDS)
+        model="tiny",
+        prompt=prompt,
+        max_tokens=8,
+        temperature=0,
+        logprobs=1,
+        stream=stream,
+        stream_options={"include_usage": True} if stream else None,
+        extra_body=ENGINE_FIELDS,
+    )
     parsed = raw.parse()
     chunks = [c.model_dump() for c in parsed] if stream else [parsed.model_dump()]
     ids = [i for c in chunks for i in (c.get("nvext") or {}).get("completion_token_ids") or []]

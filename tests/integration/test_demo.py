@@ -25,13 +25,11 @@ def test_three_grpo_turns_make_the_served_model_solve_most_held_back_tasks(stack
     # traces it served (its rollouts and eval) and their mean reward
     ui = result["ui"]
     with httpx.Client(base_url=ui["url"].split("/ui/")[0], timeout=60, follow_redirects=True) as browser:
-        login = browser.post("/ui/login", data={"key": Path(ui["key_file"]).read_text().strip(),
-                                                "next": "/ui/checkpoints"})
+        login = browser.post("/ui/login", data={"key": Path(ui["key_file"]).read_text().strip(), "next": "/ui/checkpoints"})
         assert login.status_code == 200 and str(login.url) == ui["url"], login.text[:500]
         page = login.text
     for t in result["turns"][1:]:
-        row = re.search(rf'<tr class="checkpoint" data-version="{t["version"]}" data-parent="([^"]*)">(.*?)</tr>',
-                        page, re.S)
+        row = re.search(rf'<tr class="checkpoint" data-version="{t["version"]}" data-parent="([^"]*)">(.*?)</tr>', page, re.S)
         assert row, t["version"]
         served = int(re.search(r'checkpoint=[^"]+">([\d,]+)</a>', row.group(2)).group(1).replace(",", ""))
         assert served >= 64, (t["version"], served)  # at least its held-back eval

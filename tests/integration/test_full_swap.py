@@ -20,8 +20,7 @@ from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
 
-LOAD = {"model": "tiny", "messages": [{"role": "user", "content": "Reverse the word: full"}],
-        "max_tokens": 4, "temperature": 0}
+LOAD = {"model": "tiny", "messages": [{"role": "user", "content": "Reverse the word: full"}], "max_tokens": 4, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +40,9 @@ def admin(stack):
     gw = stack.resolved_gateway()
     url = f"http://{gw.host}:{gw.port}"
     headers = {"Authorization": f"Bearer {gw.admin_key}"}
-    swap = HotSwap(url, gw.admin_key, Registry(stack.home_path / "checkpoints.json"),
-                   gw.deployments[0].name, "tiny", stack.model_path)
+    swap = HotSwap(
+        url, gw.admin_key, Registry(stack.home_path / "checkpoints.json"), gw.deployments[0].name, "tiny", stack.model_path
+    )
     swap.reset("tiny")
     yield url, headers, swap
     swap.reset("tiny")  # the session's other tests expect the base weights
@@ -71,7 +71,7 @@ def test_prime_rl_pause_update_resume_twice_under_load(stack, admin, checkpoints
             post(url, "/resume", headers)
             post(url, "/resume", headers)  # idempotent
             sent.join(timeout=120)
-            assert paused["ids"]           # ...and finished after the resume
+            assert paused["ids"]  # ...and finished after the resume
             assert_serves(url, headers, new, old)
             load.wait_for(len(load.results) + 20)
     assert not load.failed(), (len(load.results), load.failed()[:3])
@@ -79,8 +79,11 @@ def test_prime_rl_pause_update_resume_twice_under_load(stack, admin, checkpoints
 
     store = TraceStore(stack.traces_path)
     wait_for_trace_rows(store, "full-load", len(load.results))
-    versions = store.sql("SELECT checkpoint_version AS v FROM traces WHERE env_id = 'full-load' "
-                         "ORDER BY time_received").column("v").to_pylist()
+    versions = (
+        store.sql("SELECT checkpoint_version AS v FROM traces WHERE env_id = 'full-load' ORDER BY time_received")
+        .column("v")
+        .to_pylist()
+    )
     changes = [v for i, v in enumerate(versions) if i == 0 or v != versions[i - 1]]
     assert changes == [BASE, "step_1", "step_2"], changes  # each weight version once, in order
     card = {m["id"]: m for m in httpx.get(f"{url}/v1/models").json()["data"]}["tiny"]
@@ -125,8 +128,7 @@ def test_weights_unlike_the_old_ones_in_every_tensor_are_served_exactly(stack, a
     assert_serves(url, headers, stack.model_path, other)
 
 
-def test_a_reset_after_an_adapter_over_swapped_weights_serves_the_base_weights_again(
-        stack, admin, checkpoints, tmp_path):
+def test_a_reset_after_an_adapter_over_swapped_weights_serves_the_base_weights_again(stack, admin, checkpoints, tmp_path):
     # `flywheel loop` serves its LoRAs over weights it reloaded: the alias then names the adapter,
     # and the swapped weights under it must not be forgotten by a reset (or a restarted worker)
     from feedback.train import train_lora
@@ -148,8 +150,12 @@ def test_a_reset_after_an_adapter_over_swapped_weights_serves_the_base_weights_a
 
 def test_no_request_after_a_weight_change_reuses_kv_from_before_it(stack, admin, checkpoints):
     url, headers, _ = admin
-    long_prompt = {"model": "tiny", "max_tokens": 2, "temperature": 0,
-                   "messages": [{"role": "user", "content": "a prefix worth caching " * 12}]}
+    long_prompt = {
+        "model": "tiny",
+        "max_tokens": 2,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "a prefix worth caching " * 12}],
+    }
 
     def cached(**extra) -> int:
         r = httpx.post(f"{url}/v1/chat/completions", json={**long_prompt, **extra}, timeout=60)
@@ -157,9 +163,9 @@ def test_no_request_after_a_weight_change_reuses_kv_from_before_it(stack, admin,
         return (r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
     cached()
-    assert cached() > 0                        # the prefix cache works...
+    assert cached() > 0  # the prefix cache works...
     post(url, "/update_weights", headers, json={"weight_dir": str(checkpoints[0])})
-    assert cached() == 0                       # ...and nothing computed before the swap is reused
+    assert cached() == 0  # ...and nothing computed before the swap is reused
     # prime-rl's way: a salt per policy version; requests share KV only within one salt
     cached(cache_salt="policy-1")
     assert cached(cache_salt="policy-1") > 0

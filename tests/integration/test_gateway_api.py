@@ -28,10 +28,25 @@ def test_models_lists_the_alias_with_its_checkpoint(openai_client):
 
 def test_status_json_reports_each_component(stack):
     out = subprocess.run(
-        [sys.executable, "-m", "deploy.cli.main", "status", "--json", "--set", f"home={stack.home}",
-         "--set", "gateway.port=18000", "--set", "frontend.port=18100",
-         "--set", "worker.system_port_base=18200"],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "deploy.cli.main",
+            "status",
+            "--json",
+            "--set",
+            f"home={stack.home}",
+            "--set",
+            "gateway.port=18000",
+            "--set",
+            "frontend.port=18100",
+            "--set",
+            "worker.system_port_base=18200",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert set(rows) == {"event-broker", "frontend", "worker-0", "gateway", "supervisor"}

@@ -28,8 +28,12 @@ def test_ttft_and_added_latency_are_observed_per_deployment(sim_stack):
     served = Counter()
     with httpx.Client(timeout=60) as http:
         for i in range(8):
-            body = {"model": "tiny", "messages": [{"role": "user", "content": f"count {i}"}],
-                    "max_tokens": 4, "stream": i % 2 == 0}
+            body = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": f"count {i}"}],
+                "max_tokens": 4,
+                "stream": i % 2 == 0,
+            }
             r = http.post(f"{url}/v1/chat/completions", json=body)
             assert r.status_code == 200, r.text
             served[r.headers["x-deployment"]] += 1

@@ -22,11 +22,20 @@ pytestmark = pytest.mark.integration
 
 
 def _deployment(tmp, name: str, port: int, speedup: float):
-    cfg = load_config("sim", [f"home={tmp / name}", f"frontend.port={port}", "worker.count=1",
-                              f"worker.system_port_base={port + 10}", f"worker.speedup_ratio={speedup}"],
-                      environ={})
+    cfg = load_config(
+        "sim",
+        [
+            f"home={tmp / name}",
+            f"frontend.port={port}",
+            "worker.count=1",
+            f"worker.system_port_base={port + 10}",
+            f"worker.speedup_ratio={speedup}",
+        ],
+        environ={},
+    )
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     from deploy.stack.launcher import ensure_model
+
     ensure_model(cfg)
     pm = ProcessManager(cfg.run_dir)
     for comp in [c for c in components(cfg) if c.name != "gateway"]:
@@ -50,32 +59,49 @@ def ha(tmp_path_factory):
     _, patient_key = keys.create("patient")
     gw_cfg = GatewayConfig(
         deployments=[Deployment(name=n, url=c.frontend_url) for n, (c, _) in deps.items()],
-        models={"tiny": ModelRoute(deployment="a", fallbacks=["b"], upstream_model="tiny"),
-                "tiny-a": ModelRoute(deployment="a", upstream_model="tiny"),
-                "tiny-b": ModelRoute(deployment="b", upstream_model="tiny")},
-        traces_dir=str(tmp / "traces"), keys_file=str(tmp / "keys.json"), admin_key="adm",
+        models={
+            "tiny": ModelRoute(deployment="a", fallbacks=["b"], upstream_model="tiny"),
+            "tiny-a": ModelRoute(deployment="a", upstream_model="tiny"),
+            "tiny-b": ModelRoute(deployment="b", upstream_model="tiny"),
+        },
+        traces_dir=str(tmp / "traces"),
+        keys_file=str(tmp / "keys.json"),
+        admin_key="adm",
         routes_file=str(tmp / "routes.json"),
-        redis_url=redis.url, capacity={"a": Capacity(max_requests=4), "b": Capacity(max_requests=64)},
+        redis_url=redis.url,
+        capacity={"a": Capacity(max_requests=4), "b": Capacity(max_requests=64)},
         admission={"lease_ttl_s": 2.0, "max_queue_wait_s": 0.5},
         breaker={"window_s": 5, "min_requests": 3, "error_rate": 0.5, "open_s": 3},
         # a first byte within 1 s, but a unary body may take longer than that (and than the TTL)
         first_token_timeout_s=1.0,
-        budgets={"budgeted": Budget(tokens=1000), "roomy": Budget(tokens=30_000),
-                 "patient": Budget(tokens=5_000)})
+        budgets={"budgeted": Budget(tokens=1000), "roomy": Budget(tokens=30_000), "patient": Budget(tokens=5_000)},
+    )
     pm = ProcessManager(tmp / "gw")
     urls = []
     for i, port in enumerate((19500, 19501)):
         path = tmp / f"gw{i}.json"
         path.write_text(gw_cfg.model_copy(update={"port": port}).model_dump_json())
-        comp = Component(f"gateway-{i}", [sys.executable, "-m", "serve", "--config", str(path)],
-                         health_url=f"http://127.0.0.1:{port}/health", ports=[port])
+        comp = Component(
+            f"gateway-{i}",
+            [sys.executable, "-m", "serve", "--config", str(path)],
+            health_url=f"http://127.0.0.1:{port}/health",
+            ports=[port],
+        )
         pm.start(comp)
         while not pm.check_ready(comp):
             time.sleep(0.2)
         urls.append(f"http://127.0.0.1:{port}")
-    yield {"urls": urls, "pm": pm, "redis": redis, "deps": deps, "team_key": team_key, "tmp": tmp,
-           "roomy_key": roomy_key, "patient_key": patient_key,
-           "config": gw_cfg}
+    yield {
+        "urls": urls,
+        "pm": pm,
+        "redis": redis,
+        "deps": deps,
+        "team_key": team_key,
+        "tmp": tmp,
+        "roomy_key": roomy_key,
+        "patient_key": patient_key,
+        "config": gw_cfg,
+    }
     for name in ("gateway-0", "gateway-1"):
         pm.stop(name)
     for cfg, dpm in deps.values():
@@ -88,8 +114,7 @@ def chat(url, model="tiny", session=None, max_tokens=8, key="k", stream=False, t
     headers = {"Authorization": f"Bearer {key}"}
     if session:
         headers["X-Session-ID"] = session
-    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
-            "stream": stream}
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, "stream": stream}
     return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=timeout)
 
 
@@ -119,8 +144,9 @@ def test_two_hundred_concurrent_requests_without_max_tokens_never_overspend(ha):
 
     def one(i):
         body = {"model": "tiny-b", "messages": [{"role": "user", "content": f"write on {i}"}]}  # no max_tokens
-        return httpx.post(f"{ha['urls'][i % 2]}/v1/chat/completions", json=body, timeout=120,
-                          headers={"Authorization": f"Bearer {key}"})
+        return httpx.post(
+            f"{ha['urls'][i % 2]}/v1/chat/completions", json=body, timeout=120, headers={"Authorization": f"Bearer {key}"}
+        )
 
     with ThreadPoolExecutor(50) as pool:
         results = list(pool.map(one, range(200)))
@@ -148,9 +174,12 @@ def test_a_unary_request_longer_than_the_lease_ttl_completes_once_and_is_charged
     out = {}
 
     def long_unary():  # 900 tokens at the mocker's real-time pace: ~5-6 s, the TTL is 2 s
-        out["r"] = httpx.post(f"{url}/v1/chat/completions", timeout=120, headers={
-            "Authorization": f"Bearer {key}", "X-Env-ID": "long-unary"},
-            json={"model": "tiny-a", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 900})
+        out["r"] = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=120,
+            headers={"Authorization": f"Bearer {key}", "X-Env-ID": "long-unary"},
+            json={"model": "tiny-a", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 900},
+        )
 
     t = threading.Thread(target=long_unary)
     t.start()
@@ -166,9 +195,10 @@ def test_a_unary_request_longer_than_the_lease_ttl_completes_once_and_is_charged
 
 def test_a_dead_replicas_leases_come_back_within_the_ttl(ha):
     pm, url0, url1 = ha["pm"], ha["urls"][0], ha["urls"][1]
-    holders = [threading.Thread(target=lambda: _ignore(lambda: chat(url0, model="tiny-a", max_tokens=1500,
-                                                                    stream=True, timeout=30)))
-               for _ in range(4)]
+    holders = [
+        threading.Thread(target=lambda: _ignore(lambda: chat(url0, model="tiny-a", max_tokens=1500, stream=True, timeout=30)))
+        for _ in range(4)
+    ]
     for t in holders:
         t.start()
     time.sleep(1.0)  # replica 0 now holds all 4 leases of deployment a
@@ -181,8 +211,12 @@ def test_a_dead_replicas_leases_come_back_within_the_ttl(ha):
         time.sleep(0.1)
     with ThreadPoolExecutor(4) as pool:  # all four slots are free again
         assert all(r.status_code == 200 for r in pool.map(lambda _: chat(url1, model="tiny-a"), range(4)))
-    comp = Component("gateway-0", [sys.executable, "-m", "serve", "--config", str(ha["tmp"] / "gw0.json")],
-                     health_url=f"{url0}/health", ports=[19500])
+    comp = Component(
+        "gateway-0",
+        [sys.executable, "-m", "serve", "--config", str(ha["tmp"] / "gw0.json")],
+        health_url=f"{url0}/health",
+        ports=[19500],
+    )
     pm.pid_file("gateway-0").unlink(missing_ok=True)
     pm.start(comp)
     while not pm.check_ready(comp):
@@ -194,8 +228,12 @@ def _restart_replica(ha, i: int, sig=signal.SIGTERM) -> None:
     os.kill(pm.pid(f"gateway-{i}"), sig)
     while pm.pid(f"gateway-{i}"):
         time.sleep(0.1)
-    comp = Component(f"gateway-{i}", [sys.executable, "-m", "serve", "--config", str(ha["tmp"] / f"gw{i}.json")],
-                     health_url=f"http://127.0.0.1:{port}/health", ports=[port])
+    comp = Component(
+        f"gateway-{i}",
+        [sys.executable, "-m", "serve", "--config", str(ha["tmp"] / f"gw{i}.json")],
+        health_url=f"http://127.0.0.1:{port}/health",
+        ports=[port],
+    )
     pm.pid_file(comp.name).unlink(missing_ok=True)
     pm.start(comp)
     while not pm.check_ready(comp):
@@ -213,8 +251,11 @@ def test_an_alias_moved_through_one_replica_is_served_by_the_other_and_survives_
     url0, url1 = ha["urls"]
     admin = {"Authorization": "Bearer adm"}
     for version in ("v-one", "v-two"):
-        r = httpx.put(f"{url0}/admin/models/tiny-swap", headers=admin,
-                      json={"deployment": "b", "upstream_model": "tiny", "checkpoint_version": version})
+        r = httpx.put(
+            f"{url0}/admin/models/tiny-swap",
+            headers=admin,
+            json={"deployment": "b", "upstream_model": "tiny", "checkpoint_version": version},
+        )
         assert r.status_code == 200
         t0 = time.monotonic()
         while _served_version(url1, "tiny-swap") != version:
@@ -264,13 +305,12 @@ def test_killing_a_deployment_under_load_fails_no_request_that_had_not_started(h
                 results.append(type(exc).__name__)
 
     def long_stream():
-        body = {"model": "tiny-a", "messages": [{"role": "user", "content": "go"}], "max_tokens": 1500,
-                "stream": True}
+        body = {"model": "tiny-a", "messages": [{"role": "user", "content": "go"}], "max_tokens": 1500, "stream": True}
         last = ""
         with httpx.stream("POST", f"{url1}/v1/chat/completions", json=body, timeout=60) as r:
             if r.status_code != 200:  # a was already gone: refused up front, in the OpenAI shape
                 r.read()
-                stream_ends.append(f'HTTP {r.status_code} {r.json()["error"]}')
+                stream_ends.append(f"HTTP {r.status_code} {r.json()['error']}")
                 return
             for line in r.iter_lines():
                 if line.startswith("data:"):
@@ -288,6 +328,7 @@ def test_killing_a_deployment_under_load_fails_no_request_that_had_not_started(h
         pid = pm_a.pid(comp.name)
         if pid:
             os.killpg(pid, signal.SIGKILL)
+
     def breaker_states():
         return {httpx.get(f"{u}/health").json()["breakers"]["a"] for u in (url0, url1)}
 

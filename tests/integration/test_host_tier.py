@@ -23,20 +23,37 @@ def counter(metrics: str, name: str) -> float:
 
 
 def complete(cfg, prompt: list[int]) -> dict:
-    r = httpx.post(f"{cfg.frontend_url}/v1/completions", timeout=120, json={
-        "model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0})
+    r = httpx.post(
+        f"{cfg.frontend_url}/v1/completions",
+        timeout=120,
+        json={"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0},
+    )
     assert r.status_code == 200, r.text
     body = r.json()
-    return {"text": body["choices"][0]["text"],
-            "cached": (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0}
+    return {
+        "text": body["choices"][0]["text"],
+        "cached": (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+    }
 
 
 def test_an_evicted_prefix_is_loaded_from_host_memory(stack, tmp_path):
-    cfg = load_config("local-tiered", [
-        f"home={tmp_path}", f"model_dir={stack.model_path}", "frontend.port=18500", "gateway.port=18510",
-        "worker.system_port_base=18520", "host_tier.rpc_port=18551", "host_tier.metadata_port=18552",
-        "host_tier.metrics_port=18553", "worker.enforce_eager=true",
-        "worker.num_kv_blocks=24", "worker.max_model_len=512"], environ={})  # 24 blocks: 2 prompts fit
+    cfg = load_config(
+        "local-tiered",
+        [
+            f"home={tmp_path}",
+            f"model_dir={stack.model_path}",
+            "frontend.port=18500",
+            "gateway.port=18510",
+            "worker.system_port_base=18520",
+            "host_tier.rpc_port=18551",
+            "host_tier.metadata_port=18552",
+            "host_tier.metrics_port=18553",
+            "worker.enforce_eager=true",
+            "worker.num_kv_blocks=24",
+            "worker.max_model_len=512",
+        ],
+        environ={},
+    )  # 24 blocks: 2 prompts fit
     rng = random.Random(0)
     prompts = {name: [rng.randrange(16, 4000) for _ in range(330)] for name in "ABCD"}
     up(cfg)
@@ -54,11 +71,12 @@ def test_an_evicted_prefix_is_loaded_from_host_memory(stack, tmp_path):
         down(cfg)
     # Mooncake's metadata server and transfer engine bound 0.0.0.0 / [::] whatever they were told
     assert {"mooncake-master", "mooncake-metadata", "worker-0"} <= listening and not exposed, exposed
-    external = (counter(after, "vllm:external_prefix_cache_hits_total")
-                - counter(before, "vllm:external_prefix_cache_hits_total"))
+    external = counter(after, "vllm:external_prefix_cache_hits_total") - counter(before, "vllm:external_prefix_cache_hits_total")
     local = counter(after, "vllm:prefix_cache_hits_total") - counter(before, "vllm:prefix_cache_hits_total")
-    print(f"\ncold A cached {cold['cached']}, A after eviction cached {again['cached']}: "
-          f"{external:.0f} tokens from the host tier, {local:.0f} from the worker's cache")
+    print(
+        f"\ncold A cached {cold['cached']}, A after eviction cached {again['cached']}: "
+        f"{external:.0f} tokens from the host tier, {local:.0f} from the worker's cache"
+    )
     assert cold["cached"] == 0
     assert again["cached"] >= 330 // BLOCK * BLOCK - BLOCK  # all whole blocks but the last computed one
     assert external == again["cached"] and local == 0  # served by the tier, not by the device cache

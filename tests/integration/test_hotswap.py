@@ -46,22 +46,27 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
 
     body = {"model": "tiny", "messages": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": True}
     with SteadyLoad(f"{url}/v1/chat/completions", body, rps=20, headers={"X-Env-ID": "swap-load"}) as load:
-        load.wait_for(20)                        # traffic before the swap...
+        load.wait_for(20)  # traffic before the swap...
         swap.deploy("tiny", version)
-        load.wait_for(len(load.results) + 20)    # ...and after it
+        load.wait_for(len(load.results) + 20)  # ...and after it
     results = load.results
     assert not load.failed(), (len(results), load.failed()[:3])
 
     store = TraceStore(stack.traces_path)
     wait_for_trace_rows(store, "swap-load", len(results))
-    versions = store.sql("SELECT checkpoint_version FROM traces WHERE env_id = 'swap-load' "
-                         "ORDER BY time_received").column("checkpoint_version").to_pylist()
+    versions = (
+        store.sql("SELECT checkpoint_version FROM traces WHERE env_id = 'swap-load' ORDER BY time_received")
+        .column("checkpoint_version")
+        .to_pylist()
+    )
     switch = versions.index(version)
     assert set(versions[:switch]) == {BASE} and set(versions[switch:]) == {version}  # one switch-over
     assert 0 < switch < len(versions)
 
-    last = store.sql("SELECT trace_id, completion_token_ids, completion_logprobs FROM traces "
-                     "WHERE env_id = 'swap-load' ORDER BY time_received DESC LIMIT 1").to_pylist()[0]
+    last = store.sql(
+        "SELECT trace_id, completion_token_ids, completion_logprobs FROM traces "
+        "WHERE env_id = 'swap-load' ORDER BY time_received DESC LIMIT 1"
+    ).to_pylist()[0]
     prompt_ids = store.prompt_token_ids([last["trace_id"]])[last["trace_id"]]
     served = last["completion_logprobs"]
     new = hf_logprobs(stack.model_path, ckpt, prompt_ids, last["completion_token_ids"])
@@ -76,8 +81,12 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
 
     # Rolling back moves the alias to the base model the same way.
     assert swap.rollback("tiny") == BASE
-    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, headers={"X-Env-ID": "swap-rollback"},
-                   json={"model": "tiny", "messages": PROMPT, "max_tokens": 6, "temperature": 0})
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=60,
+        headers={"X-Env-ID": "swap-rollback"},
+        json={"model": "tiny", "messages": PROMPT, "max_tokens": 6, "temperature": 0},
+    )
     assert r.status_code == 200
     models = {m["id"]: m["checkpoint_version"] for m in httpx.get(f"{url}/v1/models").json()["data"]}
     assert models["tiny"] == BASE
@@ -105,9 +114,11 @@ def test_a_killed_worker_comes_back_by_itself_with_the_weights_and_adapter_its_a
 
     def greedy() -> list[int] | None:
         try:
-            r = httpx.post(f"{url}/inference/v1/generate", timeout=30, json={
-                "model": "tiny", "token_ids": list(range(10, 40)),
-                "sampling_params": {"max_tokens": 4, "temperature": 0}})
+            r = httpx.post(
+                f"{url}/inference/v1/generate",
+                timeout=30,
+                json={"model": "tiny", "token_ids": list(range(10, 40)), "sampling_params": {"max_tokens": 4, "temperature": 0}},
+            )
         except httpx.HTTPError:
             return None
         return r.json()["choices"][0]["token_ids"] if r.status_code == 200 else None
@@ -117,8 +128,7 @@ def test_a_killed_worker_comes_back_by_itself_with_the_weights_and_adapter_its_a
 
     def serves(model: str) -> bool:
         try:
-            r = httpx.post(f"{url}/v1/chat/completions", timeout=30,
-                           json={"model": model, "messages": PROMPT, "max_tokens": 2})
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={"model": model, "messages": PROMPT, "max_tokens": 2})
         except httpx.HTTPError:
             return False
         return r.status_code == 200
@@ -148,16 +158,29 @@ def test_the_same_adapter_name_with_a_new_path_serves_the_new_adapter(stack, tmp
     gw = stack.resolved_gateway()
     url, headers = f"http://{gw.host}:{gw.port}", {"Authorization": f"Bearer {gw.admin_key}"}
     prompt = list(range(10, 40))
-    adapters = [train_lora(stack.model_path, [{"prompt_token_ids": prompt, "completion_token_ids": t}] * 8,
-                           tmp_path / f"step-{i}", TrainConfig(steps=30, lr=1e-2))
-                for i, t in enumerate([[500, 501, 502, 503], [600, 601, 602, 603]])]
+    adapters = [
+        train_lora(
+            stack.model_path,
+            [{"prompt_token_ids": prompt, "completion_token_ids": t}] * 8,
+            tmp_path / f"step-{i}",
+            TrainConfig(steps=30, lr=1e-2),
+        )
+        for i, t in enumerate([[500, 501, 502, 503], [600, 601, 602, 603]])
+    ]
     for new, old in [(adapters[0], None), (adapters[1], adapters[0]), (adapters[0], adapters[1])]:
-        r = httpx.post(f"{url}/load_lora_adapter", headers=headers, timeout=200,
-                       json={"lora_name": "policy-inplace", "lora_path": str(new)})
+        r = httpx.post(
+            f"{url}/load_lora_adapter", headers=headers, timeout=200, json={"lora_name": "policy-inplace", "lora_path": str(new)}
+        )
         assert r.status_code == 200, r.text
-        r = httpx.post(f"{url}/inference/v1/generate", timeout=60, json={
-            "model": "policy-inplace", "token_ids": prompt,
-            "sampling_params": {"max_tokens": 4, "temperature": 0, "logprobs": 1}})
+        r = httpx.post(
+            f"{url}/inference/v1/generate",
+            timeout=60,
+            json={
+                "model": "policy-inplace",
+                "token_ids": prompt,
+                "sampling_params": {"max_tokens": 4, "temperature": 0, "logprobs": 1},
+            },
+        )
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
         served = [c["logprob"] for c in choice["logprobs"]["content"]]

@@ -14,9 +14,19 @@ pytestmark = pytest.mark.integration
 
 
 def run_sessions(router_mode: str, tmp_path) -> dict:
-    cfg = load_config("sim", [f"home={tmp_path / router_mode}", "frontend.port=19700",
-                              "worker.system_port_base=19710", "gateway.port=19720", "worker.count=2",
-                              f"frontend.router_mode={router_mode}", "worker.speedup_ratio=50"], environ={})
+    cfg = load_config(
+        "sim",
+        [
+            f"home={tmp_path / router_mode}",
+            "frontend.port=19700",
+            "worker.system_port_base=19710",
+            "gateway.port=19720",
+            "worker.count=2",
+            f"frontend.router_mode={router_mode}",
+            "worker.speedup_ratio=50",
+        ],
+        environ={},
+    )
     up(cfg)
     rng = random.Random(0)
     stay, cached, prompt_tokens, ideal = 0, 0, 0, 0
@@ -26,9 +36,16 @@ def run_sessions(router_mode: str, tmp_path) -> dict:
             last, last_prompt = None, 0
             for turn in range(5):
                 history += " " + " ".join(f"t{rng.randrange(1000)}" for _ in range(40))
-                r = httpx.post(f"{cfg.frontend_url}/v1/chat/completions", timeout=60, json={
-                    "model": "tiny", "messages": [{"role": "user", "content": history}], "max_tokens": 4,
-                    "nvext": {"extra_fields": ["worker_id"]}}).json()
+                r = httpx.post(
+                    f"{cfg.frontend_url}/v1/chat/completions",
+                    timeout=60,
+                    json={
+                        "model": "tiny",
+                        "messages": [{"role": "user", "content": history}],
+                        "max_tokens": 4,
+                        "nvext": {"extra_fields": ["worker_id"]},
+                    },
+                ).json()
                 assert "nvext" in r, r
                 worker = r["nvext"]["worker_id"]["decode_worker_id"]
                 if turn:
@@ -39,8 +56,7 @@ def run_sessions(router_mode: str, tmp_path) -> dict:
                 last, last_prompt = worker, r["usage"]["prompt_tokens"]
     finally:
         down(cfg)
-    return {"same_worker": stay / (6 * 4), "prefix_reuse": cached / prompt_tokens,
-            "reuse_of_ideal": cached / ideal}
+    return {"same_worker": stay / (6 * 4), "prefix_reuse": cached / prompt_tokens, "reuse_of_ideal": cached / ideal}
 
 
 def test_kv_routing_keeps_sessions_on_their_worker_and_reuses_the_prefix(tmp_path):

@@ -24,14 +24,21 @@ HEAD_ENV = "tests.integration.vf_head_env:HeadTaskset"
 
 def test_loop_on_an_environment_the_test_defines_raises_its_eval_reward_in_two_turns(stack):
     sets = [a for kv in [f"home={stack.home}", *LOCAL_STACK] for a in ("--set", kv)]
-    done = subprocess.run([str(Path(sys.executable).parent / "flywheel"), "loop", "--env", HEAD_ENV,
-                           "--turns", "2", "--json", *sets], capture_output=True, text=True, timeout=1200,
-                          cwd="/", env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "flywheel"), "loop", "--env", HEAD_ENV, "--turns", "2", "--json", *sets],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    result = json.loads(done.stdout)            # stdout is the JSON document alone
+    result = json.loads(done.stdout)  # stdout is the JSON document alone
     evals = [t["eval"] for t in result["turns"]]
-    print(f"\nhead (first word), greedy eval: {[e['reward_mean'] for e in evals]}, "
-          f"off-policy gap {[t['train']['off_policy_gap'] for t in result['turns'][1:]]}")
+    print(
+        f"\nhead (first word), greedy eval: {[e['reward_mean'] for e in evals]}, "
+        f"off-policy gap {[t['train']['off_policy_gap'] for t in result['turns'][1:]]}"
+    )
     assert evals[2]["reward_mean"] > evals[0]["reward_mean"], evals
     assert result["env"] == HEAD_ENV and result["algo"] == "grpo" and Path(result["plot"]).exists()
     for t in result["turns"][1:]:
@@ -63,7 +70,7 @@ def test_a_loop_that_crashed_mid_turn_resumes_from_its_last_completed_phase(stac
     result = run_loop(stack, resume=state.run_id)
     assert result["run_id"] == state.run_id and len(calls) == 2
     state = LoopState.open(stack.home_path, state.run_id, None)
-    assert state.data["attempts"] == [1]        # the turn was rolled out once, not again
+    assert state.data["attempts"] == [1]  # the turn was rolled out once, not again
     store = TraceStore(stack.traces_path)
     store.refresh()
     rows = store.sql(f"SELECT count(*) AS n FROM traces WHERE env_id LIKE '{state.run_id}-t1-%'")

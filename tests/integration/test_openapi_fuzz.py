@@ -16,13 +16,29 @@ pytestmark = pytest.mark.integration
 
 def fuzz(url: str, key: str, seed: int, workdir: Path) -> subprocess.CompletedProcess:
     st = Path(sys.executable).with_name("st")
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": "st_openai_shape",
-           "PYTHONPATH": str(Path(__file__).parent), "NO_COLOR": "1"}
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "st_openai_shape", "PYTHONPATH": str(Path(__file__).parent), "NO_COLOR": "1"}
     return subprocess.run(
-        [str(st), "run", f"{url}/openapi.json", "-H", f"Authorization: Bearer {key}",
-         "--checks", "not_a_server_error,openai_error_shape", "--max-examples", "15", "--seed", str(seed),
-         "--phases", "examples,coverage,fuzzing"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=workdir)  # its cache goes there
+        [
+            str(st),
+            "run",
+            f"{url}/openapi.json",
+            "-H",
+            f"Authorization: Bearer {key}",
+            "--checks",
+            "not_a_server_error,openai_error_shape",
+            "--max-examples",
+            "15",
+            "--seed",
+            str(seed),
+            "--phases",
+            "examples,coverage,fuzzing",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=workdir,
+    )  # its cache goes there
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -32,9 +48,11 @@ def test_a_text_prompt_longer_than_the_context_is_400_on_the_mocker_too(sim_stac
     import httpx
 
     gw = sim_stack.resolved_gateway()
-    r = httpx.post(f"http://{gw.host}:{gw.port}/v1/chat/completions", timeout=60, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "word " * 5000}], "max_tokens": 5,
-        "stream": stream})
+    r = httpx.post(
+        f"http://{gw.host}:{gw.port}/v1/chat/completions",
+        timeout=60,
+        json={"model": "tiny", "messages": [{"role": "user", "content": "word " * 5000}], "max_tokens": 5, "stream": stream},
+    )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and err["param"] == "messages"
@@ -51,4 +69,3 @@ def test_fuzzing_every_route_finds_no_server_error_and_only_openai_shaped_errors
     cases = re.search(r"(\d+) generated, (\d+) passed", report)
     assert cases and int(cases.group(1)) == int(cases.group(2)) > 500, report[-2000:]
     print(f"\n{who}: {cases.group(0)}")
-

@@ -39,8 +39,14 @@ def conversation_plan() -> list[list[tuple[str, int]]]:
 
 def stream(url: str, key: str, session: str, prompt: str, max_tokens: int) -> dict:
     """One streamed chat turn through a gateway: its text and completion tokens, or its error."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "stream": True,
-            "max_tokens": max_tokens, "temperature": 0, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     headers = {"Authorization": f"Bearer {key}", "X-Session-ID": session}
     text, usage = "", None
     try:
@@ -64,8 +70,10 @@ def stream(url: str, key: str, session: str, prompt: str, max_tokens: int) -> di
 
 def one_round(gateway_url: str, key: str, plan, tag: str) -> list[dict]:
     """Sessions three at a time, each session's turns in order; results in plan order."""
+
     def session(i: int) -> list[dict]:
         return [stream(gateway_url, key, f"{tag}-s{i}", prompt, n) for prompt, n in plan[i]]
+
     with ThreadPoolExecutor(PARALLEL_SESSIONS) as pool:
         return [r for rs in pool.map(session, range(len(plan))) for r in rs]
 
@@ -76,11 +84,19 @@ def test_disaggregated_serving_fails_nothing_and_matches_aggregated_greedy_token
     aggregated = one_round(f"http://{gw.host}:{gw.port}", gw.admin_key, plan, "agg")
     assert not [r for r in aggregated if "error" in r], aggregated
 
-    pd = load_config("local-pd", [f"home={tmp_path / 'pd'}", "frontend.port=18400", "gateway.port=18410",
-                                  "worker.system_port_base=18420", "worker.nixl_port_base=15800",
-                                  f"model_dir={stack.model_path}",
-                                  "worker.enforce_eager=true"],  # no torch.compile: a lighter start
-                      environ={})
+    pd = load_config(
+        "local-pd",
+        [
+            f"home={tmp_path / 'pd'}",
+            "frontend.port=18400",
+            "gateway.port=18410",
+            "worker.system_port_base=18420",
+            "worker.nixl_port_base=15800",
+            f"model_dir={stack.model_path}",
+            "worker.enforce_eager=true",
+        ],  # no torch.compile: a lighter start
+        environ={},
+    )
     pd_gw = pd.resolved_gateway()
     pd_url = f"http://{pd_gw.host}:{pd_gw.port}"
     rounds, failed, differ = [], [], []
@@ -109,8 +125,15 @@ def test_disaggregated_serving_fails_nothing_and_matches_aggregated_greedy_token
 
 def _prefill_and_decode_workers(frontend_url: str) -> dict:
     """Which workers served one more request: prefill and decode really ran on different ones."""
-    r = httpx.post(f"{frontend_url}/v1/chat/completions", timeout=120, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "which workers?"}], "max_tokens": 2,
-        "nvext": {"extra_fields": ["worker_id"]}})
+    r = httpx.post(
+        f"{frontend_url}/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "which workers?"}],
+            "max_tokens": 2,
+            "nvext": {"extra_fields": ["worker_id"]},
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()["nvext"]["worker_id"]

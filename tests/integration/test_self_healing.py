@@ -30,9 +30,18 @@ def healing(tmp_path_factory):
     spool.mkdir(parents=True)
     # the spool on a disk of its own, so a test can fill it or make it read-only
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(spool)], check=True)
-    cfg = load_config("sim", [f"home={home}", "gateway.port=21000", "frontend.port=21100",
-                              "worker.system_port_base=21200", "worker.speedup_ratio=1",
-                              "supervisor.poll_s=0.5"], environ={})
+    cfg = load_config(
+        "sim",
+        [
+            f"home={home}",
+            "gateway.port=21000",
+            "frontend.port=21100",
+            "worker.system_port_base=21200",
+            "worker.speedup_ratio=1",
+            "supervisor.poll_s=0.5",
+        ],
+        environ={},
+    )
     up(cfg)
     try:
         yield cfg
@@ -47,8 +56,7 @@ def url(cfg) -> str:
 
 def chat(cfg, i: int, stream: bool, max_tokens: int = 8) -> tuple[int, str | None]:
     """One request; (status, trace id) where status 200 means the full response arrived."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": f"turn {i}"}],
-            "max_tokens": max_tokens, "stream": stream}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": f"turn {i}"}], "max_tokens": max_tokens, "stream": stream}
     if not stream:
         r = httpx.post(f"{url(cfg)}/v1/chat/completions", json=body, timeout=60)
         return r.status_code, r.headers.get("x-trace-id")
@@ -76,8 +84,7 @@ def gateway_serves(cfg) -> bool:
 
 
 def stored_ids(cfg, where: str = "error IS NULL") -> list[str]:
-    return TraceStore(cfg.traces_path).sql(f"SELECT trace_id FROM traces WHERE {where}") \
-        .column("trace_id").to_pylist()
+    return TraceStore(cfg.traces_path).sql(f"SELECT trace_id FROM traces WHERE {where}").column("trace_id").to_pylist()
 
 
 def eventually_stored(cfg, acked: list[str], timeout_s: float = 30) -> list[str]:
@@ -116,8 +123,7 @@ def test_streams_on_a_killed_worker_finish_on_the_other_and_the_worker_comes_bac
     wait_until(lambda: worker_registered(healing, 0) and worker_registered(healing, 1), 60, "both workers")
     results: list[tuple[int, str | None]] = []
     # 16 streams: the router spreads them over both workers, so some run on the one killed
-    threads = [threading.Thread(target=lambda i=i: results.append(chat(healing, 1000 + i, True, 400)))
-               for i in range(16)]
+    threads = [threading.Thread(target=lambda i=i: results.append(chat(healing, 1000 + i, True, 400))) for i in range(16)]
     for t in threads:
         t.start()
     time.sleep(1.5)  # the streams are running (400 tokens at the mocker's real-time pace: ~2.5 s)
@@ -128,8 +134,11 @@ def test_streams_on_a_killed_worker_finish_on_the_other_and_the_worker_comes_bac
     assert [code for code, _ in results] == [200] * 16, "a stream on the killed worker did not complete"
     migrated = (healing.run_dir / "frontend.log").read_text(errors="replace").count("migration retry scheduled")
     assert migrated >= 1, "no request was running on the killed worker"
-    wait_until(lambda: pm.pid("worker-0") not in (None, victim) and worker_registered(healing, 0), 30,
-               "the killed worker registered again")
+    wait_until(
+        lambda: pm.pid("worker-0") not in (None, victim) and worker_registered(healing, 0),
+        30,
+        "the killed worker registered again",
+    )
     row = next(r for r in status(healing) if r["name"] == "worker-0")
     assert row["restarts"] >= 1 and row["last_exit"]
 
@@ -190,8 +199,7 @@ def test_a_full_or_read_only_spool_fails_requests_cleanly_and_the_gateway_recove
         for i in range(30):
             _fill(filler)  # full again right now, whatever the mover freed since
             stream = i % 2 == 1
-            body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
-                    "stream": stream}
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "stream": stream}
             r = httpx.post(f"{url(healing)}/v1/chat/completions", json=body, timeout=60)
             if r.status_code == 200 and "data: [DONE]" in r.text or r.status_code == 200 and not stream:
                 acked.append(r.headers["x-trace-id"])

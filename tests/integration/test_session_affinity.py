@@ -17,8 +17,9 @@ pytestmark = pytest.mark.integration
 
 # saturated on purpose: without affinity the KV router moves turns off their worker when the
 # other one is less loaded (0.88-0.92 of the ideal reuse in the routing study)
-SHAPE = SessionShape(sessions=24, turns=4, shared_prefix=256, history=1000, step=120, output=32,
-                     cold_fraction=0.2, cold_prompt=1500, seed=3)  # within the sim's 2,048 tokens
+SHAPE = SessionShape(
+    sessions=24, turns=4, shared_prefix=256, history=1000, step=120, output=32, cold_fraction=0.2, cold_prompt=1500, seed=3
+)  # within the sim's 2,048 tokens
 CONCURRENCY = 12
 
 
@@ -38,15 +39,21 @@ def second_gateway(cfg, port: int) -> ProcessManager:
 def replay(home, overrides: list[str]) -> dict:
     """The agentic replay through two gateway replicas (requests alternate between them) of a
     fresh default sim stack with ``overrides``."""
-    cfg = load_config("sim", [f"home={home}", "frontend.port=19800", "worker.system_port_base=19810",
-                              "gateway.port=19820", *overrides], environ={})
+    cfg = load_config(
+        "sim",
+        [f"home={home}", "frontend.port=19800", "worker.system_port_base=19810", "gateway.port=19820", *overrides],
+        environ={},
+    )
     up(cfg)
     pm = None
     try:
         pm = second_gateway(cfg, 19821)
         key = cfg.resolved_gateway().admin_key
-        target = Target(["http://127.0.0.1:19820", "http://127.0.0.1:19821"],
-                        headers={"Authorization": f"Bearer {key}"}, session_header="X-Session-ID")
+        target = Target(
+            ["http://127.0.0.1:19820", "http://127.0.0.1:19821"],
+            headers={"Authorization": f"Bearer {key}"},
+            session_header="X-Session-ID",
+        )
         result = run(target, session_plan(SHAPE), CONCURRENCY, block=cfg.worker.block_size)
     finally:
         if pm is not None:

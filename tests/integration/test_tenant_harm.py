@@ -46,18 +46,28 @@ def ttft(client: httpx.Client, headers: dict) -> float | None:
 def attacks(n_tools: int = 120) -> list[tuple[str, str, dict | bytes]]:
     """(method, path, body): the heavy things one team can send, over and over."""
     cte = "WITH RECURSIVE r(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM r WHERE i < 1499) "
-    tools = lambda salt: [{"type": "function", "function": {"name": f"t{i}", "parameters": {  # noqa: E731
-        "type": "object", "title": f"{salt}-{i}", "properties": {"q": {"type": "string"}}}}} for i in range(n_tools)]
+
+    def tools(salt):
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": f"t{i}",
+                    "parameters": {"type": "object", "title": f"{salt}-{i}", "properties": {"q": {"type": "string"}}},
+                },
+            }
+            for i in range(n_tools)
+        ]
+
     deep = b'{"model": "tiny", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
-    big = json.dumps({"model": "tiny", "max_tokens": 1,
-                      "messages": [{"role": "user", "content": "x" * 1000}] * 20_000}).encode()
-    return [("POST", "/v1/traces/query", {"sql": "SELECT length(repeat('x', 3000000000)) AS n"}),
-            ("POST", "/v1/traces/query", {"sql": cte + "SELECT i, repeat('x', 1000000) AS s FROM r",
-                                          "max_rows": 1_000_000}),
-            ("POST", "/v1/chat/completions", lambda: {**CHAT, "stream": False, "max_tokens": 1,
-                                                      "tools": tools(time.monotonic_ns())}),
-            ("POST", "/v1/chat/completions", deep),
-            ("POST", "/v1/chat/completions", big)]
+    big = json.dumps({"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "x" * 1000}] * 20_000}).encode()
+    return [
+        ("POST", "/v1/traces/query", {"sql": "SELECT length(repeat('x', 3000000000)) AS n"}),
+        ("POST", "/v1/traces/query", {"sql": cte + "SELECT i, repeat('x', 1000000) AS s FROM r", "max_rows": 1_000_000}),
+        ("POST", "/v1/chat/completions", lambda: {**CHAT, "stream": False, "max_tokens": 1, "tools": tools(time.monotonic_ns())}),
+        ("POST", "/v1/chat/completions", deep),
+        ("POST", "/v1/chat/completions", big),
+    ]
 
 
 def test_one_teams_worst_does_not_harm_another_teams_streams(sim_stack):
@@ -72,9 +82,13 @@ def test_one_teams_worst_does_not_harm_another_teams_streams(sim_stack):
             ttft(client, victim)  # warm
         idle = [ttft(client, victim) for _ in range(n)]
 
-        attacker = subprocess.Popen([sys.executable, __file__, base, noisy["Authorization"]],
-                                    stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+        attacker = subprocess.Popen(
+            [sys.executable, __file__, base, noisy["Authorization"]],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         try:
             assert attacker.stdout.readline().strip() == "attacking"
             time.sleep(2)  # every attack under way
@@ -89,9 +103,11 @@ def test_one_teams_worst_does_not_harm_another_teams_streams(sim_stack):
         xs = sorted(x * 1000 for x in xs if x is not None)
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
-    print(f"\nvictim TTFT ms, idle: p50 {p(idle, .5):.1f} p99 {p(idle, .99):.1f}; "
-          f"under attack: p50 {p(loaded, .5):.1f} p99 {p(loaded, .99):.1f} "
-          f"(p99 ratio {p(loaded, .99) / p(idle, .99):.2f}); attacker: {attacker_statuses}")
+    print(
+        f"\nvictim TTFT ms, idle: p50 {p(idle, 0.5):.1f} p99 {p(idle, 0.99):.1f}; "
+        f"under attack: p50 {p(loaded, 0.5):.1f} p99 {p(loaded, 0.99):.1f} "
+        f"(p99 ratio {p(loaded, 0.99) / p(idle, 0.99):.2f}); attacker: {attacker_statuses}"
+    )
     failed = sum(x is None for x in idle + loaded)
     assert failed == 0, f"{failed} of {2 * n} requests of the other team failed or waited past {TIMEOUT_S} s"
     assert not any(isinstance(s, int) and s == 500 for (_, _, s) in attacker_statuses), attacker_statuses
@@ -111,8 +127,9 @@ def attack_until_stopped(base: str, authorization: str) -> None:
                 payload = body() if callable(body) else body
                 kw = {"content": payload} if isinstance(payload, bytes) else {"json": payload}
                 try:
-                    status = c.request(method, path, headers={"Authorization": authorization,
-                                                              "Content-Type": "application/json"}, **kw).status_code
+                    status = c.request(
+                        method, path, headers={"Authorization": authorization, "Content-Type": "application/json"}, **kw
+                    ).status_code
                 except httpx.HTTPError as exc:
                     status = type(exc).__name__
                 statuses[(path, kind, status)] = statuses.get((path, kind, status), 0) + 1

@@ -18,8 +18,7 @@ WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa"]
 
 
 def random_value_schema(rng: random.Random, depth: int = 0) -> dict:
-    kinds = ["string", "integer", "number", "boolean", "enum", "nullable", "union", "nullable_string",
-             "string_or_integer"]
+    kinds = ["string", "integer", "number", "boolean", "enum", "nullable", "union", "nullable_string", "string_or_integer"]
     if depth < 2:
         kinds += ["object", "array"]
     kind = rng.choice(kinds)
@@ -50,23 +49,52 @@ def random_value_schema(rng: random.Random, depth: int = 0) -> dict:
 def random_object_schema(rng: random.Random, depth: int = 0) -> dict:
     names = rng.sample(["a", "b", "c", "d", "e", "f"], rng.randint(1, 3))
     props = {n: random_value_schema(rng, depth) for n in names}
-    return {"type": "object", "properties": props, "required": rng.sample(names, rng.randint(0, len(names))),
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": rng.sample(names, rng.randint(0, len(names))),
+        "additionalProperties": False,
+    }
 
 
 def random_tools(rng: random.Random) -> list[dict]:
-    tools = [{"type": "function", "function": {"name": f"tool_{i}_{rng.randint(0, 999)}",
-                                               "description": "a generated tool",
-                                               "parameters": random_object_schema(rng)}}
-             for i in range(rng.randint(1, 3))]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}_{rng.randint(0, 999)}",
+                "description": "a generated tool",
+                "parameters": random_object_schema(rng),
+            },
+        }
+        for i in range(rng.randint(1, 3))
+    ]
     if rng.random() < 0.25:  # $defs, $ref and recursion
-        tools.append({"type": "function", "function": {"name": "tree", "parameters": {
-            "type": "object", "$defs": {"node": {"type": "object", "properties": {
-                "v": {"type": "integer", "minimum": 0, "maximum": 9},
-                "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 1}},
-                "required": ["v"], "additionalProperties": False}},
-            "properties": {"root": {"$ref": "#/$defs/node"}}, "required": ["root"],
-            "additionalProperties": False}}})
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": "tree",
+                    "parameters": {
+                        "type": "object",
+                        "$defs": {
+                            "node": {
+                                "type": "object",
+                                "properties": {
+                                    "v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 1},
+                                },
+                                "required": ["v"],
+                                "additionalProperties": False,
+                            }
+                        },
+                        "properties": {"root": {"$ref": "#/$defs/node"}},
+                        "required": ["root"],
+                        "additionalProperties": False,
+                    },
+                },
+            }
+        )
     return tools
 
 
@@ -87,9 +115,17 @@ def check_calls(tools: list[dict], calls: list[dict]) -> list[str]:
 
 
 def _request(base_url: str, tools, choice, seed, stream=False, parallel=True):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": f"Use a tool. Case {seed}."}],
-            "tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel,
-            "max_tokens": 160, "temperature": 1.0, "seed": seed, "stream": stream}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": f"Use a tool. Case {seed}."}],
+        "tools": tools,
+        "tool_choice": choice,
+        "parallel_tool_calls": parallel,
+        "max_tokens": 160,
+        "temperature": 1.0,
+        "seed": seed,
+        "stream": stream,
+    }
     if not stream:
         return httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
     return _stream(base_url, body)
@@ -134,9 +170,11 @@ def test_200_random_schemas_never_return_an_invalid_call(gateway_url, stack):
     errors = [err for _, _, err in results if err is not None]
     problems = [p for tools, calls in returned for p in check_calls(tools, calls)]
     n_calls = sum(len(c) for _, c in returned)
-    print(f"\nconstrained: {len(cases)} requests, {len(returned)} answered with {n_calls} tool calls "
-          f"({cut} cut by max_tokens), {len(problems)} invalid, {len(errors)} failed "
-          f"({[e['message'][:120] for e in errors][:3]})")
+    print(
+        f"\nconstrained: {len(cases)} requests, {len(returned)} answered with {n_calls} tool calls "
+        f"({cut} cut by max_tokens), {len(problems)} invalid, {len(errors)} failed "
+        f"({[e['message'][:120] for e in errors][:3]})"
+    )
     assert not problems, problems[:5]
     assert not errors  # no 502: every call the grammar let finish is valid, a cut one is 'length'
     assert n_calls >= 150
@@ -145,9 +183,18 @@ def test_200_random_schemas_never_return_an_invalid_call(gateway_url, stack):
     # the same parser) for comparison.
     unconstrained_invalid, unconstrained_calls, unconstrained_valid = 0, 0, 0
     for tools, choice, seed in cases[:40]:
-        r = httpx.post(f"{stack.frontend_url}/v1/chat/completions", timeout=120, json={
-            "model": "tiny", "messages": [{"role": "user", "content": f"Use a tool. Case {seed}."}],
-            "tools": tools, "max_tokens": 160, "temperature": 1.0, "seed": seed})
+        r = httpx.post(
+            f"{stack.frontend_url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": f"Use a tool. Case {seed}."}],
+                "tools": tools,
+                "max_tokens": 160,
+                "temperature": 1.0,
+                "seed": seed,
+            },
+        )
         text = r.json()["choices"][0]["message"].get("content") or ""
         try:
             _, calls = parse(text, parse_tools({"tools": tools}))
@@ -159,25 +206,52 @@ def test_200_random_schemas_never_return_an_invalid_call(gateway_url, stack):
         unconstrained_invalid += bad
         unconstrained_valid += bool(calls) and not bad
     constrained_valid = sum(1 for _, answer, _ in results[:40] if answer and answer[0])
-    print(f"unconstrained: 40 requests, {unconstrained_calls} parseable calls, "
-          f"{unconstrained_invalid} with malformed or invalid calls; requests answered with valid "
-          f"calls: {unconstrained_valid} unconstrained vs {constrained_valid} constrained")
+    print(
+        f"unconstrained: 40 requests, {unconstrained_calls} parseable calls, "
+        f"{unconstrained_invalid} with malformed or invalid calls; requests answered with valid "
+        f"calls: {unconstrained_valid} unconstrained vs {constrained_valid} constrained"
+    )
     # the grammar is what makes the calls: without it the same requests rarely yield one
     assert constrained_valid > 2 * unconstrained_valid
 
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                         "unit": {"enum": ["c", "f"]},
-                                         "days": {"type": "integer", "minimum": 1, "maximum": 5}},
-        "required": ["city", "unit", "days"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "search", "parameters": {
-        "type": "object", "properties": {"q": {"type": "string", "maxLength": 6},
-                                         "filters": {"type": "object", "properties": {
-                                             "year": {"type": ["integer", "null"], "minimum": 1990, "maximum": 2030}},
-                                             "required": ["year"], "additionalProperties": False}},
-        "required": ["q", "filters"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 8},
+                    "unit": {"enum": ["c", "f"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 5},
+                },
+                "required": ["city", "unit", "days"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "q": {"type": "string", "maxLength": 6},
+                    "filters": {
+                        "type": "object",
+                        "properties": {"year": {"type": ["integer", "null"], "minimum": 1990, "maximum": 2030}},
+                        "required": ["year"],
+                        "additionalProperties": False,
+                    },
+                },
+                "required": ["q", "filters"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 
 
@@ -185,20 +259,44 @@ TOOLS = [
 # and consts come back exactly, a pattern written with \u escapes holds, and no value carries
 # the U+FFFD that ill-formed UTF-8 decodes to (the 'opbufmmDe\ufffd\ufffd\ufffd\ufffd' once seen).
 NON_ASCII_TOOLS = [
-    {"type": "function", "function": {"name": "label_place", "parameters": {
-        "type": "object", "properties": {
-            "city": {"type": "string", "maxLength": 4},
-            "ville": {"enum": ["café", "naïve", "Zürich", "東京", "🙂"]},
-            "letters": {"type": "string", "pattern": "^[\\u00e0-\\u00ff]{1,4}$"}},
-        "required": ["city", "ville", "letters"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "annotate", "parameters": {
-        "type": "object", "properties": {
-            "note": {"type": ["string", "null"], "maxLength": 3},
-            "tag": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "integer", "minimum": 0, "maximum": 9}]},
-            "greeting": {"const": "grüß dich"},
-            "where": {"type": "object", "properties": {"label": {"type": "string", "maxLength": 5}},
-                      "required": ["label"], "additionalProperties": False}},
-        "required": ["note", "tag", "greeting", "where"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "label_place",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 4},
+                    "ville": {"enum": ["café", "naïve", "Zürich", "東京", "🙂"]},
+                    "letters": {"type": "string", "pattern": "^[\\u00e0-\\u00ff]{1,4}$"},
+                },
+                "required": ["city", "ville", "letters"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "annotate",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "note": {"type": ["string", "null"], "maxLength": 3},
+                    "tag": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "integer", "minimum": 0, "maximum": 9}]},
+                    "greeting": {"const": "grüß dich"},
+                    "where": {
+                        "type": "object",
+                        "properties": {"label": {"type": "string", "maxLength": 5}},
+                        "required": ["label"],
+                        "additionalProperties": False,
+                    },
+                },
+                "required": ["note", "tag", "greeting", "where"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 
 
@@ -258,6 +356,9 @@ def test_tool_choice_named_none_and_parallel_false(gateway_url):
 
 def test_malformed_tool_requests_are_rejected_by_the_real_stack(gateway_url):
     bad = [{"type": "function", "function": {"name": "get_weather"}}] * 2
-    r = httpx.post(f"{gateway_url}/v1/chat/completions", timeout=30, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": bad})
+    r = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        timeout=30,
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": bad},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_tools"

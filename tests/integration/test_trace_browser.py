@@ -36,57 +36,117 @@ def _seed(root, tokenizer) -> dict:
         return t0 + timedelta(seconds=s)
 
     for i in range(6):
-        writer.write({  # durable before the next turn, as the gateway answers a turn only then
-            "trace_id": f"tr-red-{i}", "team": "red", "gen_ai_request_model": "tiny", "deployment": "local",
-            "checkpoint_version": "base" if i < 3 else "lora-red-1", "gen_ai_conversation_id": "sess-red",
-            "gen_ai_operation_name": "chat", "http_status": 200, "finish_reason": "stop",
-            "gen_ai_input_messages": json.dumps([{"role": "user", "content": f"question {i}"}]),
-            "response_content": "the quick brown fox", "prompt_token_ids": list(range(1, 100 + 20 * i)),
-            "completion_token_ids": ids, "completion_logprobs": [-0.05 * (k + 1) for k in range(len(ids))],
-            "time_received": at(i), "time_first_token": at(i + 0.02), "time_done": at(i + 0.2),
-            "queue_wait_ms": 1.0, "ttft_ms": 20.0, "gen_ai_usage_input_tokens": 99 + 20 * i,
-            "gen_ai_usage_output_tokens": len(ids)})
-    writer.submit({"trace_id": "tr-red-xss", "team": "red", "gen_ai_request_model": "tiny", "http_status": 200,
-                   "checkpoint_version": "base", "time_received": at(10),
-                   "gen_ai_input_messages": json.dumps([{"role": "user", "content": XSS}]),
-                   "response_content": XSS, "response_reasoning": XSS,
-                   "response_tool_calls": json.dumps([{"id": "c1", "type": "function",
-                                                       "function": {"name": XSS, "arguments": json.dumps({"q": XSS})}}])})
+        writer.write(
+            {  # durable before the next turn, as the gateway answers a turn only then
+                "trace_id": f"tr-red-{i}",
+                "team": "red",
+                "gen_ai_request_model": "tiny",
+                "deployment": "local",
+                "checkpoint_version": "base" if i < 3 else "lora-red-1",
+                "gen_ai_conversation_id": "sess-red",
+                "gen_ai_operation_name": "chat",
+                "http_status": 200,
+                "finish_reason": "stop",
+                "gen_ai_input_messages": json.dumps([{"role": "user", "content": f"question {i}"}]),
+                "response_content": "the quick brown fox",
+                "prompt_token_ids": list(range(1, 100 + 20 * i)),
+                "completion_token_ids": ids,
+                "completion_logprobs": [-0.05 * (k + 1) for k in range(len(ids))],
+                "time_received": at(i),
+                "time_first_token": at(i + 0.02),
+                "time_done": at(i + 0.2),
+                "queue_wait_ms": 1.0,
+                "ttft_ms": 20.0,
+                "gen_ai_usage_input_tokens": 99 + 20 * i,
+                "gen_ai_usage_output_tokens": len(ids),
+            }
+        )
+    writer.submit(
+        {
+            "trace_id": "tr-red-xss",
+            "team": "red",
+            "gen_ai_request_model": "tiny",
+            "http_status": 200,
+            "checkpoint_version": "base",
+            "time_received": at(10),
+            "gen_ai_input_messages": json.dumps([{"role": "user", "content": XSS}]),
+            "response_content": XSS,
+            "response_reasoning": XSS,
+            "response_tool_calls": json.dumps(
+                [{"id": "c1", "type": "function", "function": {"name": XSS, "arguments": json.dumps({"q": XSS})}}]
+            ),
+        }
+    )
     for i in range(3):
-        writer.submit({"trace_id": f"tr-blue-{i}", "team": "blue", "gen_ai_request_model": "tiny",
-                       "checkpoint_version": "lora-red-1", "http_status": 200, "time_received": at(20 + i),
-                       "response_content": "blue secret"})
+        writer.submit(
+            {
+                "trace_id": f"tr-blue-{i}",
+                "team": "blue",
+                "gen_ai_request_model": "tiny",
+                "checkpoint_version": "lora-red-1",
+                "http_status": 200,
+                "time_received": at(20 + i),
+                "response_content": "blue secret",
+            }
+        )
     writer.close()
-    write_feedback(root, [{"trace_id": "tr-red-0", "team": "red", "name": "reward", "reward": 0.2},
-                          {"trace_id": "tr-red-3", "team": "red", "name": "reward", "reward": 0.8},
-                          {"trace_id": "tr-blue-0", "team": "blue", "name": "reward", "reward": -1.0}])
+    write_feedback(
+        root,
+        [
+            {"trace_id": "tr-red-0", "team": "red", "name": "reward", "reward": 0.2},
+            {"trace_id": "tr-red-3", "team": "red", "name": "reward", "reward": 0.8},
+            {"trace_id": "tr-blue-0", "team": "blue", "name": "reward", "reward": -1.0},
+        ],
+    )
     return {"ids": ids}
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, tiny_model_dir):
     from tokenizers import Tokenizer
+
     home = tmp_path_factory.mktemp("ui-home")
     seeded = _seed(home / "traces", Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")))
     keys = KeyStore(home / "keys.json")
     _, red = keys.create("red")
     _, blue = keys.create("blue")
     registry = Registry(home / "checkpoints.json")
-    registry.register("lora-red-1", "lora", tiny_model_dir, str(tiny_model_dir), parent="base",
-                      dataset={"kind": "sft", "rows": 12, "sql": "SELECT 1"}, turn=1, team="red")
-    registry.register("lora-blue-1", "lora", tiny_model_dir, str(tiny_model_dir), parent="base",
-                      dataset={"kind": "sft", "rows": 5, "sql": "SELECT 'blue secret'"}, env="blue-env",
-                      turn=1, team="blue")
+    registry.register(
+        "lora-red-1",
+        "lora",
+        tiny_model_dir,
+        str(tiny_model_dir),
+        parent="base",
+        dataset={"kind": "sft", "rows": 12, "sql": "SELECT 1"},
+        turn=1,
+        team="red",
+    )
+    registry.register(
+        "lora-blue-1",
+        "lora",
+        tiny_model_dir,
+        str(tiny_model_dir),
+        parent="base",
+        dataset={"kind": "sft", "rows": 5, "sql": "SELECT 'blue secret'"},
+        env="blue-env",
+        turn=1,
+        team="blue",
+    )
     port = free_port()
-    cfg = GatewayConfig(port=port, traces_dir=str(home / "traces"), keys_file=str(home / "keys.json"),
-                        admin_key="admin-key", checkpoints_file=str(home / "checkpoints.json"),
-                        deployments=[Deployment(name="local", url="http://127.0.0.1:9",
-                                                model_path=str(tiny_model_dir))],
-                        models={"tiny": ModelRoute(deployment="local", upstream_model="tiny")})
+    cfg = GatewayConfig(
+        port=port,
+        traces_dir=str(home / "traces"),
+        keys_file=str(home / "keys.json"),
+        admin_key="admin-key",
+        checkpoints_file=str(home / "checkpoints.json"),
+        deployments=[Deployment(name="local", url="http://127.0.0.1:9", model_path=str(tiny_model_dir))],
+        models={"tiny": ModelRoute(deployment="local", upstream_model="tiny")},
+    )
     (home / "gateway.json").write_text(cfg.model_dump_json())
     log = open(home / "gateway.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "serve", "--config", str(home / "gateway.json")],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serve", "--config", str(home / "gateway.json")], stdout=log, stderr=subprocess.STDOUT
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -106,6 +166,7 @@ def gateway(tmp_path_factory, tiny_model_dir):
 @pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
+
     exe = shutil.which("chromium")
     if exe is None:
         pytest.fail("Debian's chromium is not installed (apt-get install chromium; scripts/bootstrap.sh does)")
@@ -208,8 +269,11 @@ def test_feedback_from_the_page_lands_in_rewards(page, gateway):
     page.click("form.feedback-form button[type=submit]")
     page.wait_for_url("**/ui/traces/tr-red-1#feedback")
     assert "good <b>answer</b>" in page.inner_text("table.feedback")
-    r = httpx.post(f"{gateway['url']}/v1/traces/query", headers={"Authorization": f"Bearer {gateway['red']}"},
-                   json={"sql": "SELECT reward, comment FROM rewards WHERE trace_id = 'tr-red-1'"})
+    r = httpx.post(
+        f"{gateway['url']}/v1/traces/query",
+        headers={"Authorization": f"Bearer {gateway['red']}"},
+        json={"sql": "SELECT reward, comment FROM rewards WHERE trace_id = 'tr-red-1'"},
+    )
     assert r.json()["rows"] == [[0.75, "good <b>answer</b>"]]
     page.goto(f"{gateway['url']}/ui/traces?reward_min=0.7&reward_max=0.76")
     assert trace_ids(page) == ["tr-red-1"]

@@ -22,8 +22,12 @@ def _client_loop(url: str, worker: int, stop: threading.Event, done: list, infli
         while not stop.is_set():
             i += 1
             stream = i % 2 == 0
-            body = {"model": "tiny", "messages": [{"role": "user", "content": f"w{worker} req {i}"}],
-                    "max_tokens": 8, "stream": stream}
+            body = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": f"w{worker} req {i}"}],
+                "max_tokens": 8,
+                "stream": stream,
+            }
             inflight[worker] += 1
             try:
                 if stream:

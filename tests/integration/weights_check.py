@@ -7,8 +7,12 @@ PROMPT_IDS = list(range(10, 40))
 
 
 def served_greedy(url: str, headers: dict) -> list[int]:
-    r = httpx.post(f"{url}/inference/v1/generate", headers=headers, timeout=60, json={
-        "model": "tiny", "token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 6, "temperature": 0}})
+    r = httpx.post(
+        f"{url}/inference/v1/generate",
+        headers=headers,
+        timeout=60,
+        json={"model": "tiny", "token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 6, "temperature": 0}},
+    )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["token_ids"]
 
@@ -28,5 +32,5 @@ def assert_serves(url, headers, new_dir, old_dir) -> None:
     served = served_greedy(url, headers)
     new, old = greedy_gaps(new_dir, served), greedy_gaps(old_dir, served)
     print(f"\nserved {served}: max gap to new argmax {max(new):.4f}, to old {max(old):.2f}")
-    assert max(new) < 0.1, (served, new)   # the new weights' argmax at every position
-    assert max(old) > 0.1, (served, old)   # and not what the old weights would say
+    assert max(new) < 0.1, (served, new)  # the new weights' argmax at every position
+    assert max(old) > 0.1, (served, old)  # and not what the old weights would say

@@ -7,8 +7,7 @@ import pytest
 
 from deploy.bench.workload import SessionShape, ideal_cached, mooncake_plan, session_plan, to_mooncake
 
-SHAPE = SessionShape(sessions=4, turns=3, shared_prefix=64, history=256, step=40, output=8,
-                     cold_fraction=0.25, cold_prompt=200)
+SHAPE = SessionShape(sessions=4, turns=3, shared_prefix=64, history=256, step=40, output=8, cold_fraction=0.25, cold_prompt=200)
 
 
 def test_session_turns_grow_by_the_step_over_their_history_and_cold_jobs_share_nothing():
@@ -20,7 +19,7 @@ def test_session_turns_grow_by_the_step_over_their_history_and_cold_jobs_share_n
         lengths = [len(r.prompt) for r in job.requests]
         assert lengths == [64 + 256 + 40 * (k + 1) for k in range(3)]
         for a, b in zip(job.requests, job.requests[1:]):
-            assert b.prompt[:len(a.prompt)] == a.prompt  # each turn extends the previous prompt
+            assert b.prompt[: len(a.prompt)] == a.prompt  # each turn extends the previous prompt
     firsts = [j.requests[0].prompt for j in sessions]
     assert all(p[:64] == firsts[0][:64] for p in firsts) and firsts[0][64:80] != firsts[1][64:80]
     assert session_plan(SHAPE)[0].requests[0].prompt == jobs[0].requests[0].prompt  # seeded
@@ -46,8 +45,10 @@ def test_a_mooncake_trace_round_trip_keeps_the_prefix_structure(tmp_path):
 
 def test_a_scaled_trace_shrinks_lengths_and_a_broken_row_names_its_line(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 100, "hash_ids": [1, 2]}\n'
-                    '{"timestamp": 5, "input_length": 700, "output_length": 10, "hash_ids": [1, 3]}\n')
+    path.write_text(
+        '{"timestamp": 0, "input_length": 1024, "output_length": 100, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 5, "input_length": 700, "output_length": 10, "hash_ids": [1, 3]}\n'
+    )
     small = mooncake_plan(path, scale=0.05)
     assert [len(j.requests[0].prompt) for j in small] == [51, 35]
     assert small[0].requests[0].prompt[:26] == small[1].requests[0].prompt[:26]  # shared block 1

@@ -18,9 +18,13 @@ from serve.config import BatchConfig, Deployment, GatewayConfig, ModelRoute
 from serve.keys import KeyStore
 from serve.shared_state import SharedState
 
-UNARY = {"id": "c1", "object": "chat.completion", "model": "tiny",
-         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+UNARY = {
+    "id": "c1",
+    "object": "chat.completion",
+    "model": "tiny",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
 
 
 class Counting(BaseHTTPRequestHandler):
@@ -67,21 +71,34 @@ def _gateway(tmp_path, upstream, hold_s: float) -> tuple[GatewayConfig, str]:
     cfg = GatewayConfig(
         deployments=[Deployment(name="d", url=f"http://127.0.0.1:{upstream.server_port}")],
         models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-        traces_dir=str(tmp_path / "traces"), keys_file=str(tmp_path / "keys.json"),
-        batch=BatchConfig(concurrency=4, busy_concurrency=1, interactive_hold_s=hold_s, poll_s=0.05))
+        traces_dir=str(tmp_path / "traces"),
+        keys_file=str(tmp_path / "keys.json"),
+        batch=BatchConfig(concurrency=4, busy_concurrency=1, interactive_hold_s=hold_s, poll_s=0.05),
+    )
     return cfg, key
 
 
 def _run_batch(client: TestClient, key: str, n: int) -> dict:
-    lines = "\n".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
-                                  "body": {"model": "tiny", "max_tokens": 1,
-                                           "messages": [{"role": "user", "content": f"line {i}"}]}})
-                      for i in range(n))
+    lines = "\n".join(
+        json.dumps(
+            {
+                "custom_id": f"c{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": f"line {i}"}]},
+            }
+        )
+        for i in range(n)
+    )
     auth = {"Authorization": f"Bearer {key}"}
-    f = client.post("/v1/files", headers=auth, data={"purpose": "batch"},
-                    files={"file": ("in.jsonl", io.BytesIO(lines.encode()))}).json()
-    batch = client.post("/v1/batches", headers=auth, json={
-        "input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+    f = client.post(
+        "/v1/files", headers=auth, data={"purpose": "batch"}, files={"file": ("in.jsonl", io.BytesIO(lines.encode()))}
+    ).json()
+    batch = client.post(
+        "/v1/batches",
+        headers=auth,
+        json={"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ).json()
     deadline = time.monotonic() + 60
     while batch["status"] not in ("completed", "failed", "cancelled", "expired"):
         assert time.monotonic() < deadline, batch
@@ -93,8 +110,11 @@ def _run_batch(client: TestClient, key: str, n: int) -> dict:
 def test_batch_lines_run_one_at_a_time_while_the_model_serves_interactive_requests(tmp_path, upstream):
     cfg, key = _gateway(tmp_path, upstream, hold_s=600)  # the hold outlasts the batch
     with TestClient(create_app(cfg)) as client:
-        r = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+        r = client.post(
+            "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 200, r.text
         batch = _run_batch(client, key, 8)
     assert batch["request_counts"] == {"total": 8, "completed": 8, "failed": 0}

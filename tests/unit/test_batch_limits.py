@@ -15,23 +15,39 @@ from traces.batch_store import FileStore
 def gateway(tmp_path, url, **batch):
     keys = KeyStore(tmp_path / "keys.json")
     (red_rec, red), (_, blue) = keys.create("red"), keys.create("blue")
-    cfg = GatewayConfig(deployments=[Deployment(name="d", url=url)],
-                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-                        traces_dir=str(tmp_path / "traces"), keys_file=str(tmp_path / "keys.json"), admin_key="adm",
-                        require_api_key=True, batch=BatchConfig(poll_s=0.05, **batch))
-    return TestClient(create_app(cfg)), keys, red_rec, {"red": {"Authorization": f"Bearer {red}"},
-                                                        "blue": {"Authorization": f"Bearer {blue}"}}
+    cfg = GatewayConfig(
+        deployments=[Deployment(name="d", url=url)],
+        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+        traces_dir=str(tmp_path / "traces"),
+        keys_file=str(tmp_path / "keys.json"),
+        admin_key="adm",
+        require_api_key=True,
+        batch=BatchConfig(poll_s=0.05, **batch),
+    )
+    return (
+        TestClient(create_app(cfg)),
+        keys,
+        red_rec,
+        {"red": {"Authorization": f"Bearer {red}"}, "blue": {"Authorization": f"Bearer {blue}"}},
+    )
 
 
 def lines(n: int) -> bytes:
-    return "\n".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
-        "model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": f"line {i}"}]}})
-        for i in range(n)).encode()
+    return "\n".join(
+        json.dumps(
+            {
+                "custom_id": f"c{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": f"line {i}"}]},
+            }
+        )
+        for i in range(n)
+    ).encode()
 
 
 def upload(client, headers, data: bytes):
-    return client.post("/v1/files", files={"file": ("in.jsonl", io.BytesIO(data))}, data={"purpose": "batch"},
-                       headers=headers)
+    return client.post("/v1/files", files={"file": ("in.jsonl", io.BytesIO(data))}, data={"purpose": "batch"}, headers=headers)
 
 
 def test_a_team_cannot_store_more_than_its_quota(tmp_path, recording_upstream):
@@ -60,8 +76,11 @@ def test_revoking_a_key_stops_the_batches_it_created(tmp_path, recording_upstrea
     client, keys, red_rec, h = gateway(tmp_path, recording_upstream.url, concurrency=2)
     with client:
         f = upload(client, h["red"], lines(n)).json()
-        batch = client.post("/v1/batches", headers=h["red"], json={
-            "input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+        batch = client.post(
+            "/v1/batches",
+            headers=h["red"],
+            json={"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        ).json()
         deadline = time.monotonic() + 30
         while not recording_upstream.seen:
             assert time.monotonic() < deadline
@@ -69,8 +88,9 @@ def test_revoking_a_key_stops_the_batches_it_created(tmp_path, recording_upstrea
         keys.revoke(red_rec.id)
         recording_upstream.release.set()
         deadline = time.monotonic() + 60
-        while (status := client.get(f"/v1/batches/{batch['id']}", headers={"Authorization": "Bearer adm"}
-                                    ).json())["status"] != "cancelled":
+        while (status := client.get(f"/v1/batches/{batch['id']}", headers={"Authorization": "Bearer adm"}).json())[
+            "status"
+        ] != "cancelled":
             assert time.monotonic() < deadline, status
             time.sleep(0.05)
     assert len(recording_upstream.seen) < n and status["request_counts"]["completed"] < n

@@ -7,8 +7,11 @@ from traces.batch_store import BatchStore
 
 
 def _batch(store: BatchStore, chunks: int = 3) -> str:
-    store.create({"id": "batch_x", "created_at": 0, "status": "in_progress", "_chunks": chunks},
-                 [{"n": i, "custom_id": f"c{i}", "body": {}} for i in range(chunks)], [])
+    store.create(
+        {"id": "batch_x", "created_at": 0, "status": "in_progress", "_chunks": chunks},
+        [{"n": i, "custom_id": f"c{i}", "body": {}} for i in range(chunks)],
+        [],
+    )
     return "batch_x"
 
 
@@ -16,8 +19,8 @@ def test_a_running_chunk_is_never_leased_twice_by_anyone(tmp_path):
     store = BatchStore(tmp_path)
     bid = _batch(store)
     assert store.claim(bid, "gw-a/1", 1, 60) == ([0], [])
-    assert store.claim(bid, "gw-a/1", 1, 60) == ([1], [])   # its own running chunk is not handed out again
-    assert store.claim(bid, "gw-b/1", 5, 60) == ([2], [])   # another replica gets only what is free
+    assert store.claim(bid, "gw-a/1", 1, 60) == ([1], [])  # its own running chunk is not handed out again
+    assert store.claim(bid, "gw-b/1", 5, 60) == ([2], [])  # another replica gets only what is free
     assert store.claim(bid, "gw-b/1", 5, 60) == ([], [])
 
 
@@ -52,17 +55,35 @@ def test_results_survive_a_torn_last_line_and_are_read_incrementally(tmp_path):
 
 
 def test_every_bad_line_is_refused_with_its_reason_and_the_rest_run():
-    ok = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-          "body": {"model": "tiny", "messages": [{"role": "user", "content": "é"}]}}
-    lines = [ok, "[1]", {**ok, "custom_id": ""}, ok, {**ok, "custom_id": "b", "method": "GET"},
-             {**ok, "custom_id": "c", "body": {**ok["body"], "stream": True}},
-             {**ok, "custom_id": "d", "body": {"model": "tiny"}}, {**ok, "custom_id": "e"}]
+    ok = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "tiny", "messages": [{"role": "user", "content": "é"}]},
+    }
+    lines = [
+        ok,
+        "[1]",
+        {**ok, "custom_id": ""},
+        ok,
+        {**ok, "custom_id": "b", "method": "GET"},
+        {**ok, "custom_id": "c", "body": {**ok["body"], "stream": True}},
+        {**ok, "custom_id": "d", "body": {"model": "tiny"}},
+        {**ok, "custom_id": "e"},
+    ]
     data = b"\n".join(json.dumps(x).encode() if isinstance(x, dict) else x.encode() for x in lines) + b"\n\n{"
     good, refused = check_lines(data, "/v1/chat/completions", {"tiny"}, 100)
     assert [(g["n"], g["custom_id"]) for g in good] == [(0, "a"), (7, "e")]
     codes = {r["n"]: r["line"]["error"]["code"] for r in refused}
-    assert codes == {1: "invalid_request", 2: "missing_custom_id", 3: "duplicate_custom_id", 4: "invalid_method",
-                     5: "invalid_body", 6: "invalid_body", 8: "invalid_json"}
+    assert codes == {
+        1: "invalid_request",
+        2: "missing_custom_id",
+        3: "duplicate_custom_id",
+        4: "invalid_method",
+        5: "invalid_body",
+        6: "invalid_body",
+        8: "invalid_json",
+    }
     try:
         check_lines(data, "/v1/chat/completions", {"tiny"}, 3)
         raise AssertionError("a file over max_lines was taken")
@@ -73,6 +94,7 @@ def test_every_bad_line_is_refused_with_its_reason_and_the_rest_run():
 def test_the_scheduler_reads_only_batches_with_work_left_and_the_index_heals(tmp_path):
     import os
     import shutil
+
     store = BatchStore(tmp_path)
     for bid, created in (("batch_old", 1), ("batch_new", 2)):
         store.create({"id": bid, "created_at": created, "status": "in_progress", "_chunks": 1}, [], [])

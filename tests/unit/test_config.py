@@ -71,6 +71,7 @@ def test_a_team_named_admin_or_default_is_refused(tmp_path):
     import pytest
 
     from serve.keys import KeyStore
+
     store = KeyStore(tmp_path / "keys.json")
     for name in ("admin", "default", "Admin"):
         with pytest.raises(ValueError, match="reserved"):
@@ -83,9 +84,19 @@ def _args(comp, flag):
 
 
 def test_a_prefill_decode_split_and_the_engine_knobs_reach_every_worker(tmp_path):
-    cfg = load_config("sim", [f"home={tmp_path}", "worker.count=4", "worker.disaggregated=true",
-                              "worker.prefill_count=3", "worker.max_num_batched_tokens=4096",
-                              "worker.num_kv_blocks=512", "frontend.session_affinity_ttl_s=300"], environ={})
+    cfg = load_config(
+        "sim",
+        [
+            f"home={tmp_path}",
+            "worker.count=4",
+            "worker.disaggregated=true",
+            "worker.prefill_count=3",
+            "worker.max_num_batched_tokens=4096",
+            "worker.num_kv_blocks=512",
+            "frontend.session_affinity_ttl_s=300",
+        ],
+        environ={},
+    )
     comps = {c.name: c for c in components(cfg)}
     roles = [_args(comps[f"worker-{i}"], "--disaggregation-mode") for i in range(4)]
     assert roles == ["prefill", "prefill", "prefill", "decode"]
@@ -110,16 +121,21 @@ def test_the_host_tier_starts_a_mooncake_master_and_wires_the_workers_to_it(tmp_
     # with prefill/decode on as well, NIXL and the store are chained behind one MultiConnector
     pd = load_config("local-tiered", [f"home={tmp_path}", "worker.count=2", "worker.disaggregated=true"], environ={})
     kv = json.loads(_args({c.name: c for c in components(pd)}["worker-1"], "--kv-transfer-config"))
-    assert [c["kv_connector"] for c in kv["kv_connector_extra_config"]["connectors"]] == \
-        ["NixlConnector", "MooncakeStoreConnector"]
+    assert [c["kv_connector"] for c in kv["kv_connector_extra_config"]["connectors"]] == [
+        "NixlConnector",
+        "MooncakeStoreConnector",
+    ]
 
 
-@pytest.mark.parametrize("overrides, environ, wrong, meant", [
-    (["gateway.prot=8001"], {}, "gateway.prot", "gateway.port"),
-    (["worker.cuont=3"], {}, "worker.cuont", "worker.count"),
-    ([], {"FLYWHEEL_GATEWAY_PORT": "9"}, "gateway_port", "gateway.port"),
-    (["gateway.prices.tiny.output=0.4"], {}, "gateway.prices.tiny.output", "gateway.prices.tiny.output_per_mtok"),
-])
+@pytest.mark.parametrize(
+    "overrides, environ, wrong, meant",
+    [
+        (["gateway.prot=8001"], {}, "gateway.prot", "gateway.port"),
+        (["worker.cuont=3"], {}, "worker.cuont", "worker.count"),
+        ([], {"FLYWHEEL_GATEWAY_PORT": "9"}, "gateway_port", "gateway.port"),
+        (["gateway.prices.tiny.output=0.4"], {}, "gateway.prices.tiny.output", "gateway.prices.tiny.output_per_mtok"),
+    ],
+)
 def test_an_unknown_config_key_is_an_error_naming_the_closest_valid_key(tmp_path, overrides, environ, wrong, meant):
     with pytest.raises(ValueError) as err:
         load_config("local", [f"home={tmp_path}", *overrides], environ=environ)
@@ -128,6 +144,7 @@ def test_an_unknown_config_key_is_an_error_naming_the_closest_valid_key(tmp_path
 
 def test_every_profile_loads_with_strict_keys():
     from deploy.stack.config import PROFILES_DIR
+
     for profile in PROFILES_DIR.glob("*.toml"):
         load_config(profile.stem, environ={})
 

@@ -8,12 +8,15 @@ from tests.unit.test_gateway_errors import CHAT, client  # noqa: F401 (fixture)
 from tests.unit.test_trace_browser_sessions import csrf_of, login
 
 
-@pytest.mark.parametrize("headers", [
-    {"Origin": "https://evil.example", "Host": "127.0.0.1:8000"},          # a cross-site fetch or form
-    {"Sec-Fetch-Site": "cross-site", "Host": "127.0.0.1:8000"},
-    {"Origin": "null", "Host": "127.0.0.1:8000"},                          # a sandboxed frame
-    {"Origin": "http://evil.example:8000", "Host": "evil.example:8000"},   # DNS rebinding
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "https://evil.example", "Host": "127.0.0.1:8000"},  # a cross-site fetch or form
+        {"Sec-Fetch-Site": "cross-site", "Host": "127.0.0.1:8000"},
+        {"Origin": "null", "Host": "127.0.0.1:8000"},  # a sandboxed frame
+        {"Origin": "http://evil.example:8000", "Host": "evil.example:8000"},  # DNS rebinding
+    ],
+)
 def test_a_browser_on_another_site_is_refused_with_keys_off(client, headers):  # noqa: F811
     for path, body in (("/v1/chat/completions", CHAT), ("/v1/feedback", {"trace_id": "t", "reward": 1})):
         r = client.post(path, json=body, headers=headers)
@@ -38,8 +41,7 @@ def test_the_trace_browser_refuses_cross_site_posts_even_with_keys_on(tmp_path):
         assert r.status_code == 403  # login CSRF: logging a victim into the attacker's team
         login(client, keys["red"])
         token = csrf_of(client)
-        r = client.post("/ui/traces/tr-0/feedback", data={"csrf": token, "reward": "1"},
-                        headers={"Sec-Fetch-Site": "cross-site"})
+        r = client.post("/ui/traces/tr-0/feedback", data={"csrf": token, "reward": "1"}, headers={"Sec-Fetch-Site": "cross-site"})
         assert r.status_code == 403
 
 

@@ -19,16 +19,26 @@ def store(tmp_path):
     for i in range(8):
         p = "p1" if i < 5 else "p2"
         tid = f"tr-{i}"
-        writer.submit({
-            "trace_id": tid, "gen_ai_operation_name": "chat", "gen_ai_request_model": "tiny",
-            "checkpoint_version": "base", "http_status": 200,
-            "gen_ai_input_messages": json.dumps([{"role": "user", "content": p}]),
-            "gen_ai_tool_definitions": json.dumps([{"type": "function", "function": {"name": "f"}}]),
-            "response_content": f"answer {i}",
-            "response_tool_calls": json.dumps([{"id": "c1", "type": "function",
-                                                "function": {"name": "f", "arguments": '{"x": 1}'}}]) if i == 0 else None,
-            "prompt_token_ids": prompts[p], "completion_token_ids": [100 + i, 200 + i],
-            "completion_logprobs": [-0.5, -0.25 * i]})
+        writer.submit(
+            {
+                "trace_id": tid,
+                "gen_ai_operation_name": "chat",
+                "gen_ai_request_model": "tiny",
+                "checkpoint_version": "base",
+                "http_status": 200,
+                "gen_ai_input_messages": json.dumps([{"role": "user", "content": p}]),
+                "gen_ai_tool_definitions": json.dumps([{"type": "function", "function": {"name": "f"}}]),
+                "response_content": f"answer {i}",
+                "response_tool_calls": json.dumps(
+                    [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
+                )
+                if i == 0
+                else None,
+                "prompt_token_ids": prompts[p],
+                "completion_token_ids": [100 + i, 200 + i],
+                "completion_logprobs": [-0.5, -0.25 * i],
+            }
+        )
         rewards.append({"trace_id": tid, "name": "reward", "reward": float(i % 3)})
     writer.close()
     write_feedback(tmp_path, rewards)

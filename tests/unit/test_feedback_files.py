@@ -21,8 +21,11 @@ def test_thousands_of_single_posts_leave_a_bounded_number_of_files_and_every_row
     client, keys = setup
     sent = []
     for i in range(300):
-        r = client.post("/v1/feedback", json={"trace_id": f"tr-{i % 4}", "reward": i / 300},
-                        headers={"Authorization": f"Bearer {keys['red']}"})
+        r = client.post(
+            "/v1/feedback",
+            json={"trace_id": f"tr-{i % 4}", "reward": i / 300},
+            headers={"Authorization": f"Bearer {keys['red']}"},
+        )
         assert r.status_code == 200, r.text
         sent.append(r.json()["data"][0]["id"])
     assert len(feedback_files(tmp_path / "traces")) < feedback.COMPACT_AT
@@ -78,5 +81,4 @@ def test_compaction_between_a_half_failed_conversion_and_its_retry_stores_no_row
     assert writer.flush() == 0
     writer.close()
     counts = TraceStore(tmp_path).sql("SELECT trace_id, count(*) AS n FROM traces GROUP BY ALL").to_pylist()
-    assert {r["trace_id"]: r["n"] for r in counts} == {**{f"old-{i}": 1 for i in range(5)},
-                                                        **{f"half-{i}": 1 for i in range(4)}}
+    assert {r["trace_id"]: r["n"] for r in counts} == {**{f"old-{i}": 1 for i in range(5)}, **{f"half-{i}": 1 for i in range(4)}}

@@ -10,16 +10,56 @@ from hypothesis import strategies as st
 
 from tests.unit.conftest import seeded_gateway
 
-ODD_TEXT = st.sampled_from(["\u0000", "\ud800", "\udfff", "\u202e", "\ufeff", "é" * 10_000, "𝕏" * 1000,
-                            "<script>", "' OR '1'='1", "../../etc/passwd", "%00", ""])
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=False),
-                    st.text(max_size=20), ODD_TEXT)
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                      max_leaves=12)
-KEYS = ["model", "messages", "prompt", "tools", "tool_choice", "max_tokens", "stream", "n", "nvext", "sql",
-        "max_rows", "trace_id", "reward", "feedback", "input_file_id", "endpoint", "completion_window",
-        "lora_name", "lora_path", "deployment", "token_ids", "sampling_params", "path", "key"]
+ODD_TEXT = st.sampled_from(
+    [
+        "\u0000",
+        "\ud800",
+        "\udfff",
+        "\u202e",
+        "\ufeff",
+        "é" * 10_000,
+        "𝕏" * 1000,
+        "<script>",
+        "' OR '1'='1",
+        "../../etc/passwd",
+        "%00",
+        "",
+    ]
+)
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=20), ODD_TEXT
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
+KEYS = [
+    "model",
+    "messages",
+    "prompt",
+    "tools",
+    "tool_choice",
+    "max_tokens",
+    "stream",
+    "n",
+    "nvext",
+    "sql",
+    "max_rows",
+    "trace_id",
+    "reward",
+    "feedback",
+    "input_file_id",
+    "endpoint",
+    "completion_window",
+    "lora_name",
+    "lora_path",
+    "deployment",
+    "token_ids",
+    "sampling_params",
+    "path",
+    "key",
+]
 
 
 def raw(text: str) -> bytes:
@@ -27,11 +67,11 @@ def raw(text: str) -> bytes:
 
 
 HOSTILE = st.one_of(
-    st.integers(500, 20_000).map(lambda d: b'{"model": ' + b"[" * d + b"]" * d + b"}"),   # deep
+    st.integers(500, 20_000).map(lambda d: b'{"model": ' + b"[" * d + b"]" * d + b"}"),  # deep
     st.integers(10_000, 200_000).map(lambda n: raw(json.dumps({"model": "tiny", "messages": [0] * n}))),  # huge
     st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=6).map(lambda d: raw(json.dumps(d))),  # wrong types
-    VALUES.map(lambda v: raw(json.dumps(v))),                                              # not an object
-    st.binary(max_size=64),                                                                # not JSON
+    VALUES.map(lambda v: raw(json.dumps(v))),  # not an object
+    st.binary(max_size=64),  # not JSON
     st.just(b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}'),  # lone surrogate
 )
 
@@ -83,8 +123,9 @@ def test_every_route_answers_hostile_bodies_with_a_4xx_in_its_shape(gateway):
     attack()
     print(f"\nstatuses: {dict(sorted(seen.items()))}; RSS {before:.0f} -> {rss_mb():.0f} MB")
     assert client.get("/health").status_code == 200
-    after = client.post("/v1/traces/query", json={"sql": "SELECT count(*) FROM traces"},
-                        headers={"Authorization": f"Bearer {keys['red']}"})
+    after = client.post(
+        "/v1/traces/query", json={"sql": "SELECT count(*) FROM traces"}, headers={"Authorization": f"Bearer {keys['red']}"}
+    )
     # the seeded rows are all still there (a hostile body that happened to be a valid request adds one)
     assert after.status_code == 200 and after.json()["rows"][0][0] >= 4, after.text
     assert rss_mb() - before < 1024, "memory grew past a bound on hostile bodies"

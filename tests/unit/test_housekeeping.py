@@ -14,9 +14,15 @@ def fill(root, n_files: int, per_file: int = 5, when=None, instance="gw"):
     i = 0
     for _ in range(n_files):
         for _ in range(per_file):
-            writer.write({"trace_id": f"{instance}-{i}", "gen_ai_request_model": "m", "http_status": 200,
-                           "time_received": when or datetime.now(timezone.utc),
-                           "completion_token_ids": [i]})
+            writer.write(
+                {
+                    "trace_id": f"{instance}-{i}",
+                    "gen_ai_request_model": "m",
+                    "http_status": 200,
+                    "time_received": when or datetime.now(timezone.utc),
+                    "completion_token_ids": [i],
+                }
+            )
             i += 1
         writer.flush()
     writer.close()
@@ -31,8 +37,7 @@ def test_compaction_merges_small_files_without_losing_or_duplicating_rows(tmp_pa
     [out] = list(part.glob("*.parquet"))
     assert pq.read_metadata(out).metadata[b"flywheel.schema_version"] == str(SCHEMA_VERSION).encode()
     store = TraceStore(tmp_path)
-    assert store.sql("SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces").to_pylist() == \
-        [{"n": 30, "d": 30}]
+    assert store.sql("SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces").to_pylist() == [{"n": 30, "d": 30}]
 
 
 def test_an_interrupted_compaction_is_invisible_to_readers_and_recovered(tmp_path):
@@ -58,8 +63,7 @@ def test_retention_drops_only_old_days(tmp_path):
     fill(tmp_path, 1, when=today, instance="new")
     removed = retain(tmp_path, days=7, today=today.date())
     assert removed == [(today - timedelta(days=10)).date().isoformat()]
-    assert TraceStore(tmp_path).sql("SELECT DISTINCT trace_id LIKE 'new-%' AS new FROM traces").to_pylist() == \
-        [{"new": True}]
+    assert TraceStore(tmp_path).sql("SELECT DISTINCT trace_id LIKE 'new-%' AS new FROM traces").to_pylist() == [{"new": True}]
 
 
 def test_doctor_reports_backlog_versions_and_unreadable_files(tmp_path):
@@ -97,7 +101,7 @@ def test_every_query_reads_one_snapshot_while_a_compaction_runs(tmp_path, monkey
     try:
         assert paused.wait(10)
         n = "SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces"
-        assert before.sql(n).to_pylist() == [{"n": 20, "d": 20}]             # its snapshot: the inputs
+        assert before.sql(n).to_pylist() == [{"n": 20, "d": 20}]  # its snapshot: the inputs
         assert TraceStore(tmp_path).sql(n).to_pylist() == [{"n": 20, "d": 20}]  # now: the output
     finally:
         go.set()

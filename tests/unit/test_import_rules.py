@@ -26,7 +26,7 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
                 targets = [f"{base}.{a.name}" for a in node.names] + [base]
             else:
                 continue
@@ -50,7 +50,7 @@ def test_there_is_no_import_cycle_in_the_product_code():
         state[module] = 1
         for dep in sorted(GRAPH[module]):
             if state.get(dep) == 1:
-                cycles.append(path[path.index(dep):] + [dep])
+                cycles.append(path[path.index(dep) :] + [dep])
             elif dep not in state:
                 visit(dep, path + [dep])
         state[module] = 2
@@ -62,20 +62,27 @@ def test_there_is_no_import_cycle_in_the_product_code():
 
 
 def breaches(source: str, forbidden: tuple[str, ...], allowed: tuple[str, ...] = ()) -> list[str]:
-    return sorted(f"{m} imports {d}" for m, deps in GRAPH.items() if m == source or m.startswith(source + ".")
-                  for d in deps if d.startswith(forbidden) and not d.startswith(allowed))
+    return sorted(
+        f"{m} imports {d}"
+        for m, deps in GRAPH.items()
+        if m == source or m.startswith(source + ".")
+        for d in deps
+        if d.startswith(forbidden) and not d.startswith(allowed)
+    )
 
 
 def test_each_room_imports_only_what_it_may():
     ours = tuple(f"{room}" for room in PRODUCT)
-    found = (breaches("kernels", ours, ("kernels",))
-             + breaches("traces", ("serve", "feedback", "envs", "loop"))
-             + breaches("serve", ("feedback.train", "feedback.grpo", "envs", "loop", "deploy"))
-             + breaches("feedback", ("loop", "deploy"))
-             + breaches("loop", ("serve", "deploy"), ("deploy.models",))
-             + breaches("envs", ours, ("envs",))
-             + breaches("deploy.engine", ours)
-             + breaches("deploy.stack", ("deploy.cli",)))
+    found = (
+        breaches("kernels", ours, ("kernels",))
+        + breaches("traces", ("serve", "feedback", "envs", "loop"))
+        + breaches("serve", ("feedback.train", "feedback.grpo", "envs", "loop", "deploy"))
+        + breaches("feedback", ("loop", "deploy"))
+        + breaches("loop", ("serve", "deploy"), ("deploy.models",))
+        + breaches("envs", ours, ("envs",))
+        + breaches("deploy.engine", ours)
+        + breaches("deploy.stack", ("deploy.cli",))
+    )
     assert not found, found
 
 

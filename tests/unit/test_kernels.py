@@ -39,11 +39,11 @@ def test_values_representable_as_e2m1_times_a_power_of_two_scale_round_trip_exac
     scales = 2.0 ** torch.randint(-6, 6, (8, 4)).float()
     x = (codes.reshape(8, 4, 16) * scales[..., None]).reshape(8, 64)
     # with a power-of-two global scale every such value is an NVFP4 value: exact both ways
-    for g in (1.0, 2.0 ** -3, 2.0 ** 3):  # block scales stay inside e4m3 (2^-9 .. 448)
+    for g in (1.0, 2.0**-3, 2.0**3):  # block scales stay inside e4m3 (2^-9 .. 448)
         assert torch.equal(dequantize(quantize(x, torch.tensor(g))), x)
     # the default global scale (amax / (6 x 448)) is not a power of two: the final multiply by it
     # rounds once (as FlashInfer's does), so the values come back within one fp32 rounding
-    assert torch.allclose(dequantize(quantize(x)), x, rtol=2.0 ** -23, atol=0)
+    assert torch.allclose(dequantize(quantize(x)), x, rtol=2.0**-23, atol=0)
 
 
 def test_the_even_element_sits_in_the_low_nibble():
@@ -53,11 +53,16 @@ def test_the_even_element_sits_in_the_low_nibble():
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 8), blocks=st.integers(1, 8), log_scale=st.floats(-12, 12),
-       zero_blocks=st.integers(0, 3), seed=st.integers(0, 2 ** 16))
+@given(
+    rows=st.integers(1, 8),
+    blocks=st.integers(1, 8),
+    log_scale=st.floats(-12, 12),
+    zero_blocks=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_quantisation_properties(rows, blocks, log_scale, zero_blocks, seed):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, blocks * 16, generator=g) * (2.0 ** log_scale)
+    x = torch.randn(rows, blocks * 16, generator=g) * (2.0**log_scale)
     x[:, : 16 * min(zero_blocks, blocks)] = 0.0
     q = quantize(x)
     y = dequantize(q)
@@ -114,8 +119,14 @@ print("ok")
 
 def test_triton_sparse_decode_matches_the_reference_under_the_interpreter():
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", TRITON_CHECK], cwd=root, capture_output=True, text=True,
-                         env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", TRITON_CHECK],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        timeout=600,
+    )
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 

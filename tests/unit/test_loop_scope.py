@@ -16,16 +16,34 @@ ENV = "run-1-t0-a0"
 @pytest.fixture
 def store(tmp_path):
     writer = TraceWriter(tmp_path, "seed")
-    rows = [("ours-0", "red", "key-red", 0), ("ours-1", "red", "key-red", 1),
-            ("other-key", "red", "key-red-2", 2), ("theirs", "blue", "key-blue", 3)]
+    rows = [
+        ("ours-0", "red", "key-red", 0),
+        ("ours-1", "red", "key-red", 1),
+        ("other-key", "red", "key-red-2", 2),
+        ("theirs", "blue", "key-blue", 3),
+    ]
     for tid, team, key, ex in rows:
-        writer.write({"trace_id": tid, "team": team, "api_key_id": key, "env_id": ENV, "example_id": str(ex),
-                      "gen_ai_request_model": "tiny", "http_status": 200, "prompt_token_ids": [1, 2],
-                      "completion_token_ids": [3]})
+        writer.write(
+            {
+                "trace_id": tid,
+                "team": team,
+                "api_key_id": key,
+                "env_id": ENV,
+                "example_id": str(ex),
+                "gen_ai_request_model": "tiny",
+                "http_status": 200,
+                "prompt_token_ids": [1, 2],
+                "completion_token_ids": [3],
+            }
+        )
     writer.close()
-    write_feedback(tmp_path, [{"trace_id": t, "team": team, "name": "reward", "reward": 1.0}
-                              for t, team in (("ours-0", "red"), ("ours-1", "red"), ("other-key", "red"),
-                                              ("theirs", "blue"))])
+    write_feedback(
+        tmp_path,
+        [
+            {"trace_id": t, "team": team, "name": "reward", "reward": 1.0}
+            for t, team in (("ours-0", "red"), ("ours-1", "red"), ("other-key", "red"), ("theirs", "blue"))
+        ],
+    )
     return TraceStore(tmp_path)
 
 

@@ -33,15 +33,18 @@ def test_resume_last_is_the_newest_run_and_an_unknown_run_is_a_clear_error(tmp_p
         LoopState.open(tmp_path / "empty", "last", None)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--env", "no_such_module_here"], "No module named 'no_such_module_here'"),
-    (["--env", "envs.vf_wordops:NoSuchTaskset"], "has no 'NoSuchTaskset'"),
-    (["--resume", "nope"], "no loop run 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env", "no_such_module_here"], "No module named 'no_such_module_here'"),
+        (["--env", "envs.vf_wordops:NoSuchTaskset"], "has no 'NoSuchTaskset'"),
+        (["--resume", "nope"], "no loop run 'nope'"),
+    ],
+)
 def test_a_taskset_or_run_that_is_not_there_fails_before_anything_starts(tmp_path, args, message):
     done = CliRunner().invoke(app, ["loop", *args, "--set", f"home={tmp_path}"])
     assert done.exit_code == 2 and message in " ".join(done.output.split()), done.output
-    assert not (tmp_path / "run").exists()        # no stack was started
+    assert not (tmp_path / "run").exists()  # no stack was started
 
 
 def test_bad_loop_options_are_usage_errors(tmp_path):

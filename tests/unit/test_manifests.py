@@ -58,21 +58,38 @@ def test_the_graph_is_the_rack_the_issue_describes(cfg, docs):
     assert "--router-session-affinity-ttl-secs" in args_of(services["Frontend"])
 
 
-@pytest.mark.parametrize("breakage, expected", [
-    (lambda g, docs: g["spec"]["services"]["VllmDecodeWorker"].update(replica=3), "'replica' was unexpected"),
-    (lambda g, docs: g["spec"]["services"]["Frontend"].update(componentType="gateway"), "'gateway' is not one of"),
-    (lambda g, docs: g["spec"]["services"]["VllmPrefillWorker"]["multinode"].update(nodeCount=1), "less than the minimum"),
-    (lambda g, docs: g["spec"]["services"]["VllmDecodeWorker"]["extraPodSpec"]["mainContainer"].update(imagePull="x"),
-     "'imagePull' was unexpected"),
-    (lambda g, docs: g["spec"]["services"]["VllmDecodeWorker"]["extraPodSpec"]["mainContainer"]["args"].extend(
-        ["--kv-cache-dtype", "nvfp5"]), "invalid choice: 'nvfp5'"),
-    (lambda g, docs: g["spec"]["services"]["VllmDecodeWorker"]["extraPodSpec"]["mainContainer"]["args"].append(
-        "--kv-cache-layout"), "unrecognized arguments"),
-    (lambda g, docs: g["spec"]["services"]["Frontend"]["extraPodSpec"]["mainContainer"]["args"].extend(
-        ["--router-mode", "fastest"]), "invalid choice: 'fastest'"),
-    (lambda g, docs: docs[1]["spec"].update(replicas="one"), "'one' is not of type"),
-    (lambda g, docs: docs[3]["data"].update({"mooncake.json": '{"global_segment_size": 0}'}), "global_segment_size > 0"),
-])
+@pytest.mark.parametrize(
+    "breakage, expected",
+    [
+        (lambda g, docs: g["spec"]["services"]["VllmDecodeWorker"].update(replica=3), "'replica' was unexpected"),
+        (lambda g, docs: g["spec"]["services"]["Frontend"].update(componentType="gateway"), "'gateway' is not one of"),
+        (lambda g, docs: g["spec"]["services"]["VllmPrefillWorker"]["multinode"].update(nodeCount=1), "less than the minimum"),
+        (
+            lambda g, docs: g["spec"]["services"]["VllmDecodeWorker"]["extraPodSpec"]["mainContainer"].update(imagePull="x"),
+            "'imagePull' was unexpected",
+        ),
+        (
+            lambda g, docs: g["spec"]["services"]["VllmDecodeWorker"]["extraPodSpec"]["mainContainer"]["args"].extend(
+                ["--kv-cache-dtype", "nvfp5"]
+            ),
+            "invalid choice: 'nvfp5'",
+        ),
+        (
+            lambda g, docs: g["spec"]["services"]["VllmDecodeWorker"]["extraPodSpec"]["mainContainer"]["args"].append(
+                "--kv-cache-layout"
+            ),
+            "unrecognized arguments",
+        ),
+        (
+            lambda g, docs: g["spec"]["services"]["Frontend"]["extraPodSpec"]["mainContainer"]["args"].extend(
+                ["--router-mode", "fastest"]
+            ),
+            "invalid choice: 'fastest'",
+        ),
+        (lambda g, docs: docs[1]["spec"].update(replicas="one"), "'one' is not of type"),
+        (lambda g, docs: docs[3]["data"].update({"mooncake.json": '{"global_segment_size": 0}'}), "global_segment_size > 0"),
+    ],
+)
 def test_the_validator_refuses_what_a_cluster_would_refuse(docs, breakage, expected):
     broken = copy.deepcopy(docs)
     breakage(graph(broken), broken)

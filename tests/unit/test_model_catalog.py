@@ -19,10 +19,15 @@ PRICES = {"tiny": Price(input_per_mtok=1.5, output_per_mtok=6.0, cached_input_pe
 def client(tmp_path):
     cfg = GatewayConfig(
         deployments=[Deployment(name="d", url="http://127.0.0.1:9", max_model_len=2048, model_path="/m/tiny")],
-        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny"),
-                "tiny-sft": ModelRoute(deployment="d", upstream_model="sft-3", lora_path="/ckpt/sft-3",
-                                       checkpoint_version="sft-3")},
-        prices=PRICES, traces_dir=str(tmp_path / "traces"), keys_file=str(tmp_path / "keys.json"), admin_key="adm")
+        models={
+            "tiny": ModelRoute(deployment="d", upstream_model="tiny"),
+            "tiny-sft": ModelRoute(deployment="d", upstream_model="sft-3", lora_path="/ckpt/sft-3", checkpoint_version="sft-3"),
+        },
+        prices=PRICES,
+        traces_dir=str(tmp_path / "traces"),
+        keys_file=str(tmp_path / "keys.json"),
+        admin_key="adm",
+    )
     with TestClient(create_app(cfg)) as c:
         yield c
 
@@ -43,7 +48,8 @@ def test_each_model_lists_its_prices_context_and_lineage(client):
 
 def test_one_model_by_id_and_an_unknown_one_is_a_404_in_the_openai_shape(client):
     assert client.get("/v1/models/tiny-sft").json() == next(
-        m for m in client.get("/v1/models").json()["data"] if m["id"] == "tiny-sft")
+        m for m in client.get("/v1/models").json()["data"] if m["id"] == "tiny-sft"
+    )
     r = client.get("/v1/models/nope")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
@@ -54,7 +60,7 @@ def test_cached_prompt_tokens_are_charged_at_the_cached_price():
 
     async def go():
         a = await adm.admit("d", "red", "tiny", body)
-        adm.release(a, "tiny", {"prompt_tokens": 1000, "completion_tokens": 10,
-                                "prompt_tokens_details": {"cached_tokens": 800}})
+        adm.release(a, "tiny", {"prompt_tokens": 1000, "completion_tokens": 10, "prompt_tokens_details": {"cached_tokens": 800}})
+
     asyncio.run(go())
     assert adm.usage("red")["spent_usd"] == pytest.approx((200 * 1.5 + 800 * 0.15 + 10 * 6.0) / 1e6, abs=1e-6)

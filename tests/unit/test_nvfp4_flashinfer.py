@@ -31,10 +31,14 @@ def test_dequantisation_matches_flashinfer_bit_for_bit(tmp_path):
     if not (EXTRAS / "flashinfer").is_dir():
         pytest.fail(f"FlashInfer is not installed in {EXTRAS}: run scripts/bootstrap.sh")
     g = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.randn(64, 512, generator=g),                       # normal rows
-                   torch.randn(64, 512, generator=g) * 1e-3,                # tiny scales
-                   torch.randn(64, 512, generator=g) * torch.logspace(-3, 3, 512),  # mixed magnitudes
-                   torch.zeros(2, 512)])                                   # all-zero blocks
+    x = torch.cat(
+        [
+            torch.randn(64, 512, generator=g),  # normal rows
+            torch.randn(64, 512, generator=g) * 1e-3,  # tiny scales
+            torch.randn(64, 512, generator=g) * torch.logspace(-3, 3, 512),  # mixed magnitudes
+            torch.zeros(2, 512),
+        ]
+    )  # all-zero blocks
     q = quantize(x)
     src, dst = tmp_path / "q.pt", tmp_path / "out.pt"
     torch.save({"packed": q.packed, "scales": q.scales, "global_scale": q.global_scale}, src)

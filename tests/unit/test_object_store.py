@@ -14,8 +14,7 @@ def s3():
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    fs = s3_filesystem(f"http://{host}:{port}", access_key="test", secret_key="test",
-                       allow_bucket_creation=True)
+    fs = s3_filesystem(f"http://{host}:{port}", access_key="test", secret_key="test", allow_bucket_creation=True)
     fs.create_dir("traces-bucket")
     yield fs
     server.stop()
@@ -24,12 +23,19 @@ def s3():
 def test_queries_over_s3_match_the_local_store(tmp_path, s3):
     writer = TraceWriter(tmp_path, "gw")
     for i in range(40):
-        writer.submit({"trace_id": f"tr-{i}", "team": f"t{i % 3}", "gen_ai_request_model": f"m{i % 2}",
-                       "http_status": 200, "gen_ai_usage_output_tokens": i, "completion_token_ids": [i]})
+        writer.submit(
+            {
+                "trace_id": f"tr-{i}",
+                "team": f"t{i % 3}",
+                "gen_ai_request_model": f"m{i % 2}",
+                "http_status": 200,
+                "gen_ai_usage_output_tokens": i,
+                "completion_token_ids": [i],
+            }
+        )
     writer.close()
     assert upload(tmp_path, s3, "traces-bucket/prod") == 2
-    q = ("SELECT team, model, count(*) AS n, sum(gen_ai_usage_output_tokens) AS out "
-         "FROM traces GROUP BY ALL ORDER BY ALL")
+    q = "SELECT team, model, count(*) AS n, sum(gen_ai_usage_output_tokens) AS out FROM traces GROUP BY ALL ORDER BY ALL"
     remote = connect(s3, "traces-bucket/prod").sql(q).fetchall()
     local = TraceStore(tmp_path).con.sql(q).fetchall()
     assert remote == local and sum(r[2] for r in remote) == 40

@@ -20,15 +20,33 @@ from serve.outcome import Outcome
 from tests.conftest import free_port
 from traces.store import TraceStore
 
-CHUNK = {"id": "c1", "object": "chat.completion.chunk", "model": "tiny",
-         "choices": [{"index": 0, "delta": {"content": "hel"}, "finish_reason": None}]}
-LAST = {**CHUNK, "choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
-UNARY = {"id": "c1", "object": "chat.completion", "model": "tiny",
-         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
-         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
-TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
-    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+CHUNK = {
+    "id": "c1",
+    "object": "chat.completion.chunk",
+    "model": "tiny",
+    "choices": [{"index": 0, "delta": {"content": "hel"}, "finish_reason": None}],
+}
+LAST = {
+    **CHUNK,
+    "choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+}
+UNARY = {
+    "id": "c1",
+    "object": "chat.completion",
+    "model": "tiny",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+        },
+    }
+]
 
 
 def sse(*events) -> bytes:
@@ -63,11 +81,15 @@ class Upstream(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
-        script = {"stream": [sse(CHUNK, LAST, "[DONE]")], "slow_headers": [sse(CHUNK, LAST, "[DONE]")],
-                  "no_call": [sse(CHUNK, LAST, "[DONE]")],
-                  "cut": [sse(CHUNK)], "error_event": [sse(CHUNK, {"error": {"message": "engine died"}})],
-                  "malformed": [sse(CHUNK), b'data: {"choices": [tru\n\n'],
-                  "dawdle": [sse(CHUNK)] + [b": keep-alive\n\n"] * 40 + [sse(LAST, "[DONE]")]}[mode]
+        script = {
+            "stream": [sse(CHUNK, LAST, "[DONE]")],
+            "slow_headers": [sse(CHUNK, LAST, "[DONE]")],
+            "no_call": [sse(CHUNK, LAST, "[DONE]")],
+            "cut": [sse(CHUNK)],
+            "error_event": [sse(CHUNK, {"error": {"message": "engine died"}})],
+            "malformed": [sse(CHUNK), b'data: {"choices": [tru\n\n'],
+            "dawdle": [sse(CHUNK)] + [b": keep-alive\n\n"] * 40 + [sse(LAST, "[DONE]")],
+        }[mode]
         for part in script:
             try:
                 self.wfile.write(part)
@@ -150,10 +172,14 @@ def test_breaker_metrics_and_trace_agree_on_how_it_ended(mode, upstream, tmp_pat
     extras, expected, breaker = CASES[mode]
     upstream.mode = mode
     url = f"http://127.0.0.1:{closed_port() if mode == 'unreachable' else upstream.server_address[1]}"
-    cfg = GatewayConfig(port=free_port(), deployments=[Deployment(name="d", url=url)],
-                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-                        breaker=BreakerConfig(min_requests=1, error_rate=0.5, open_s=60),
-                        first_token_timeout_s=0.5, traces_dir=str(tmp_path / "traces"))
+    cfg = GatewayConfig(
+        port=free_port(),
+        deployments=[Deployment(name="d", url=url)],
+        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+        breaker=BreakerConfig(min_requests=1, error_rate=0.5, open_s=60),
+        first_token_timeout_s=0.5,
+        traces_dir=str(tmp_path / "traces"),
+    )
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extras}
     with Gateway(cfg) as gw:
         with httpx.Client(base_url=gw.url, timeout=30) as client:
@@ -178,12 +204,18 @@ def test_breaker_metrics_and_trace_agree_on_how_it_ended(mode, upstream, tmp_pat
 
 def test_a_request_refused_before_any_deployment_is_rejected(upstream, tmp_path):
     upstream.mode = "stream"
-    cfg = GatewayConfig(port=free_port(), deployments=[Deployment(name="d", url="http://127.0.0.1:9")],
-                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-                        budgets={"default": {"tokens": 1}}, traces_dir=str(tmp_path / "traces"))
+    cfg = GatewayConfig(
+        port=free_port(),
+        deployments=[Deployment(name="d", url="http://127.0.0.1:9")],
+        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+        budgets={"default": {"tokens": 1}},
+        traces_dir=str(tmp_path / "traces"),
+    )
     with Gateway(cfg) as gw:
-        r = httpx.post(f"{gw.url}/v1/chat/completions", json={
-            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50})
+        r = httpx.post(
+            f"{gw.url}/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50},
+        )
         assert r.status_code == 429, r.text
         counts, state = outcome_counts(gw.url), breaker_state(gw.url)
         gw.app.state.parts.writer.flush()
@@ -199,10 +231,13 @@ def test_a_response_whose_trace_cannot_be_stored_is_not_durable(upstream, tmp_pa
     spool.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(spool)], check=True)
     try:
-        cfg = GatewayConfig(port=free_port(), models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-                            deployments=[Deployment(name="d", url=f"http://127.0.0.1:{upstream.server_address[1]}")],
-                            breaker=BreakerConfig(min_requests=1, error_rate=0.5, open_s=60),
-                            traces_dir=str(tmp_path / "traces"))
+        cfg = GatewayConfig(
+            port=free_port(),
+            models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+            deployments=[Deployment(name="d", url=f"http://127.0.0.1:{upstream.server_address[1]}")],
+            breaker=BreakerConfig(min_requests=1, error_rate=0.5, open_s=60),
+            traces_dir=str(tmp_path / "traces"),
+        )
         with Gateway(cfg) as gw:
             with open(spool / "filler", "wb") as filler:  # fill the disk
                 try:
@@ -213,8 +248,13 @@ def test_a_response_whose_trace_cannot_be_stored_is_not_durable(upstream, tmp_pa
                     pass
             statuses = []
             while 503 not in statuses and len(statuses) < 20:
-                statuses.append(httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, json={
-                    "model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).status_code)
+                statuses.append(
+                    httpx.post(
+                        f"{gw.url}/v1/chat/completions",
+                        timeout=30,
+                        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+                    ).status_code
+                )
             counts, state = outcome_counts(gw.url), breaker_state(gw.url)
             (spool / "filler").unlink()
             gw.app.state.parts.writer.flush()

@@ -29,8 +29,9 @@ print("ok")
 
 
 def test_our_kernels_and_envs_packages_do_not_break_transformers_or_vllm():
-    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n" + PROBE], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n" + PROBE], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
 
@@ -48,8 +49,7 @@ except SystemExit:
     pass
 print(seen[0])
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **env})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
     assert out.returncode == 0, out.stderr[-2000:]
     return int(out.stdout.split()[-1])
 

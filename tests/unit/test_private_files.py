@@ -11,18 +11,38 @@ from traces.housekeeping import compact
 def test_traces_feedback_batches_and_ledgers_are_private(tmp_path):
     old = os.umask(0o022)
     try:
-        with seeded_gateway(tmp_path, spend_file=str(tmp_path / "traces" / "spend.json"),
-                            budgets={"red": {"tokens": 1000}}) as (client, keys):
+        with seeded_gateway(tmp_path, spend_file=str(tmp_path / "traces" / "spend.json"), budgets={"red": {"tokens": 1000}}) as (
+            client,
+            keys,
+        ):
             red = {"Authorization": f"Bearer {keys['red']}"}
             assert client.post("/v1/feedback", json={"trace_id": "tr-0", "reward": 1}, headers=red).status_code == 200
-            f = client.post("/v1/files", files={"file": ("in.jsonl", b'{"custom_id": "a", "method": "POST", '
-                                                 b'"url": "/v1/chat/completions", "body": {"model": "tiny", '
-                                                 b'"messages": [{"role": "user", "content": "hi"}]}}\nnot json')},
-                            data={"purpose": "batch"}, headers=red).json()
-            assert client.post("/v1/batches", headers=red, json={"input_file_id": f["id"], "completion_window": "24h",
-                                                                 "endpoint": "/v1/chat/completions"}).status_code == 200
-            client.post("/v1/chat/completions", headers=red,
-                        json={"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})
+            f = client.post(
+                "/v1/files",
+                files={
+                    "file": (
+                        "in.jsonl",
+                        b'{"custom_id": "a", "method": "POST", '
+                        b'"url": "/v1/chat/completions", "body": {"model": "tiny", '
+                        b'"messages": [{"role": "user", "content": "hi"}]}}\nnot json',
+                    )
+                },
+                data={"purpose": "batch"},
+                headers=red,
+            ).json()
+            assert (
+                client.post(
+                    "/v1/batches",
+                    headers=red,
+                    json={"input_file_id": f["id"], "completion_window": "24h", "endpoint": "/v1/chat/completions"},
+                ).status_code
+                == 200
+            )
+            client.post(
+                "/v1/chat/completions",
+                headers=red,
+                json={"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+            )
         compact(tmp_path / "traces")
     finally:
         os.umask(old)

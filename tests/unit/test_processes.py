@@ -20,13 +20,17 @@ def test_a_taken_port_is_reported_before_anything_starts(tmp_path):
 
 def test_a_process_that_dies_during_startup_shows_its_log_tail(tmp_path):
     pm = ProcessManager(tmp_path)
-    comp = Component("svc", [sys.executable, "-c", "print('model file is corrupt'); raise SystemExit(3)"],
-                     health_url="http://127.0.0.1:9/health")
+    comp = Component(
+        "svc",
+        [sys.executable, "-c", "print('model file is corrupt'); raise SystemExit(3)"],
+        health_url="http://127.0.0.1:9/health",
+    )
     pm.start(comp)
     with pytest.raises(StartError, match="(?s)svc exited during start-up.*model file is corrupt"):
         for _ in range(100):
             pm.check_ready(comp)
             import time
+
             time.sleep(0.05)
 
 
@@ -35,10 +39,12 @@ def test_stop_ends_the_whole_process_group_and_only_it(tmp_path):
     code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
     pid = pm.start(Component("parent", [sys.executable, "-c", code]))
     import time
+
     time.sleep(0.5)
     assert pm.pid("parent") == pid
     assert pm.stop("parent", timeout=5)
     from deploy.stack.processes import _group_alive
+
     assert not _group_alive(pid)
     assert pm.pid("parent") is None and not pm.stop("parent")
 
@@ -58,6 +64,7 @@ def test_a_starting_component_and_its_children_run_boosted_until_settled(tmp_pat
     try:
         import time
         from deploy.stack.processes import START_BOOST_NICE, group_pids
+
         deadline = time.monotonic() + 10
         while len(group_pids(pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -27,9 +27,13 @@ def small(tmp_path):
     """A gateway whose queries may use 1 GB (DuckDB's pool 320 MB), spill 8 MB, answer 1 MiB
     and take 5 s (at the gateway's own CPU priority: these tests are about the bounds, and a
     niced worker on a busy host could meet the deadline before the bound)."""
-    with seeded_gateway(tmp_path, query_timeout_s=5,
-                        query=QueryConfig(memory_mb=1024, max_result_bytes=1 << 20, max_spill_mb=8,
-                                          spill_dir=str(tmp_path / "spill"), niceness=0)) as found:
+    with seeded_gateway(
+        tmp_path,
+        query_timeout_s=5,
+        query=QueryConfig(
+            memory_mb=1024, max_result_bytes=1 << 20, max_spill_mb=8, spill_dir=str(tmp_path / "spill"), niceness=0
+        ),
+    ) as found:
         yield found
 
 
@@ -61,7 +65,7 @@ def test_a_single_row_over_max_result_bytes_is_413(small):
 
 def test_a_query_past_its_deadline_is_408_and_the_next_query_runs(small):
     client, keys = small
-    r = q(client, keys["blue"], rows(10 ** 12) + "SELECT sum(i) FROM r")
+    r = q(client, keys["blue"], rows(10**12) + "SELECT sum(i) FROM r")
     assert r.status_code == 408, r.text
     assert q(client, keys["blue"], "SELECT count(*) FROM traces").json()["rows"] == [[2]]
 
@@ -69,8 +73,12 @@ def test_a_query_past_its_deadline_is_408_and_the_next_query_runs(small):
 def test_spilling_is_bounded_and_outside_the_store(small, tmp_path):
     client, keys = small
     # a sort of ~400 MB in a 320 MB buffer pool must spill, more than the 8 MB allowed
-    r = q(client, keys["red"], "SELECT count(*) FROM (SELECT i, repeat(md5(i::VARCHAR), 3) AS m "
-                               "FROM (SELECT unnest(generate_series(1, 4000000)) AS i) ORDER BY m)")
+    r = q(
+        client,
+        keys["red"],
+        "SELECT count(*) FROM (SELECT i, repeat(md5(i::VARCHAR), 3) AS m "
+        "FROM (SELECT unnest(generate_series(1, 4000000)) AS i) ORDER BY m)",
+    )
     assert r.status_code == 413, r.text
     assert "max_temp_directory_size" in r.json()["error"]["message"]
     assert not list((tmp_path / "traces").rglob("*.tmp")), "spilled into the trace store"
@@ -78,9 +86,13 @@ def test_spilling_is_bounded_and_outside_the_store(small, tmp_path):
 
 def test_values_json_cannot_hold_come_back_as_valid_json(small):
     client, keys = small
-    r = q(client, keys["red"], "SELECT 'NaN'::DOUBLE AS a, 'Infinity'::DOUBLE AS b, [-'Infinity'::DOUBLE] AS c, "
-                               "DATE '0001-01-01' - INTERVAL 1 DAY AS before_year_1, "
-                               "TIMESTAMP '9999-12-31 23:00:00' + INTERVAL 2 HOUR AS after_9999")
+    r = q(
+        client,
+        keys["red"],
+        "SELECT 'NaN'::DOUBLE AS a, 'Infinity'::DOUBLE AS b, [-'Infinity'::DOUBLE] AS c, "
+        "DATE '0001-01-01' - INTERVAL 1 DAY AS before_year_1, "
+        "TIMESTAMP '9999-12-31 23:00:00' + INTERVAL 2 HOUR AS after_9999",
+    )
     assert r.status_code == 200, r.text
     row = json.loads(r.text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))["rows"][0]
     assert row[:3] == ["NaN", "Infinity", ["-Infinity"]]
@@ -91,13 +103,18 @@ def test_many_queries_at_once_all_get_an_answer(small):
     """More queries than workers: each waits for a free one, none is lost or mixed up."""
     client, keys = small
     from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda i: q(client, keys["red" if i % 2 else "blue"],
-                                            f"SELECT {i} AS i, count(*) AS n FROM traces"), range(16)))
+        answers = list(
+            pool.map(
+                lambda i: q(client, keys["red" if i % 2 else "blue"], f"SELECT {i} AS i, count(*) AS n FROM traces"), range(16)
+            )
+        )
     assert [a.json()["rows"] for a in answers] == [[[i, 4 if i % 2 else 2]] for i in range(16)]
 
 
 # The pool itself: what a worker cannot say for itself.
+
 
 def _pool(**query) -> QueryPool:
     return QueryPool(QueryConfig(**query), timeout_s=1.0)
@@ -156,12 +173,16 @@ def test_the_query_config_is_typed():
 
 # The trace browser reads through the same workers.
 
+
 def test_the_sql_console_and_downloads_are_bounded_and_take_every_column_type(small):
     from tests.unit.test_trace_browser_sessions import csrf_of, login
+
     client, keys = small
     login(client, keys["red"])
-    odd = ("SELECT INTERVAL 1 DAY AS i, union_value(n := 1) AS u, '101'::BIT AS b, "
-           "DATE '0001-01-01' - INTERVAL 1 DAY AS d, [1, 2] AS l")
+    odd = (
+        "SELECT INTERVAL 1 DAY AS i, union_value(n := 1) AS u, '101'::BIT AS b, "
+        "DATE '0001-01-01' - INTERVAL 1 DAY AS d, [1, 2] AS l"
+    )
     for format in ("csv", "parquet"):
         r = client.get("/ui/sql/download", params={"sql": odd, "format": format})
         assert r.status_code == 200, r.text

@@ -10,22 +10,27 @@ from tests.unit.test_gateway_errors import CHAT, assert_openai_error, client  # 
 
 
 def tool(i: int, params: dict | None = None) -> dict:
-    return {"type": "function", "function": {"name": f"t{i}", "parameters": params or {
-        "type": "object", "properties": {"q": {"type": "string"}}}}}
+    return {
+        "type": "function",
+        "function": {"name": f"t{i}", "parameters": params or {"type": "object", "properties": {"q": {"type": "string"}}}},
+    }
 
 
 def nested(depth: int) -> bytes:
     """A chat request whose one tool's schema nests objects ``depth`` deep (as text: json cannot
     write it)."""
     schema = '{"type": "object", "properties": {"x": ' * depth + '{"type": "object"}' + "}}" * depth
-    return (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
-            b'"function": {"name": "f", "parameters": ' + schema.encode() + b"}}]}")
+    return (
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+        b'"function": {"name": "f", "parameters": ' + schema.encode() + b"}}]}"
+    )
 
 
 def test_more_tools_than_allowed_is_400_before_any_schema_is_read(client, monkeypatch):  # noqa: F811
     monkeypatch.setattr(definitions, "_checked_tools", lambda *a: pytest.fail("a schema was checked"))
-    err = assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "tools": [tool(i) for i in range(129)]}),
-                              400, "tools")
+    err = assert_openai_error(
+        client.post("/v1/chat/completions", json={**CHAT, "tools": [tool(i) for i in range(129)]}), 400, "tools"
+    )
     assert err["code"] == "invalid_tools" and "128" in err["message"]
 
 
@@ -43,13 +48,20 @@ def test_a_deeply_nested_tool_schema_is_400_not_500(client, depth):  # noqa: F81
     assert "deep" in err["message"]
 
 
-@pytest.mark.parametrize("choice", [{"type": "function", "function": "t0"},
-                                    {"type": "function", "function": {"name": ["t0"]}},
-                                    {"type": "function", "function": None},
-                                    ["t0"], 7])
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"type": "function", "function": "t0"},
+        {"type": "function", "function": {"name": ["t0"]}},
+        {"type": "function", "function": None},
+        ["t0"],
+        7,
+    ],
+)
 def test_a_malformed_tool_choice_is_400_not_500(client, choice):  # noqa: F811
-    assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "tools": [tool(0)], "tool_choice": choice}),
-                        400, "tool_choice")
+    assert_openai_error(
+        client.post("/v1/chat/completions", json={**CHAT, "tools": [tool(0)], "tool_choice": choice}), 400, "tool_choice"
+    )
 
 
 @pytest.mark.parametrize("depth", [2000, 200_000])
@@ -89,6 +101,7 @@ class Gate:
 @pytest.mark.parametrize("what", ["new tools", "a large body"])
 def test_the_event_loop_answers_others_while_a_heavy_request_is_checked(client, monkeypatch, what):  # noqa: F811
     import serve.api.completions
+
     if what == "new tools":
         gate = Gate(definitions._checked_tools)
         monkeypatch.setattr(definitions, "_checked_tools", gate)

@@ -10,9 +10,12 @@ from serve.config import Deployment, GatewayConfig, ModelRoute
 
 @pytest.fixture
 def gateway(tmp_path, recording_upstream):
-    cfg = GatewayConfig(deployments=[Deployment(name="d", url=recording_upstream.url)],
-                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-                        traces_dir=str(tmp_path / "traces"), admin_key="adm")
+    cfg = GatewayConfig(
+        deployments=[Deployment(name="d", url=recording_upstream.url)],
+        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+        traces_dir=str(tmp_path / "traces"),
+        admin_key="adm",
+    )
     with TestClient(create_app(cfg)) as client:
         yield client
 

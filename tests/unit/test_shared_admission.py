@@ -15,9 +15,12 @@ from serve.shared_state import SharedState
 
 
 def config(**kw) -> GatewayConfig:
-    base = dict(capacity={"d1": Capacity(max_requests=2, max_tokens=10_000)},
-                admission={"lease_ttl_s": 1.0, "queue_limit": 4, "max_queue_wait_s": 0.3},
-                budgets={"red": Budget(tokens=1000)}, prices={"tiny": Price(input_per_mtok=1, output_per_mtok=2)})
+    base = dict(
+        capacity={"d1": Capacity(max_requests=2, max_tokens=10_000)},
+        admission={"lease_ttl_s": 1.0, "queue_limit": 4, "max_queue_wait_s": 0.3},
+        budgets={"red": Budget(tokens=1000)},
+        prices={"tiny": Price(input_per_mtok=1, output_per_mtok=2)},
+    )
     return GatewayConfig(**{**base, **kw})
 
 
@@ -30,6 +33,7 @@ def state(request, tmp_path):
         yield SharedState(None)
         return
     from tests.conftest import RedisServer
+
     server = RedisServer(tmp_path).start()
     yield SharedState(server.url)
     server.stop()
@@ -50,6 +54,7 @@ def test_a_full_deployment_queues_then_answers_429_with_retry_after(state):
         adm.release(a, "tiny", None)
         assert (await waiter).lease is not None
         adm.release(b, "tiny", None)
+
     asyncio.run(go())
 
 
@@ -57,12 +62,13 @@ def test_unrenewed_leases_lapse_within_the_ttl(state):
     adm = Admission(config(), state)
 
     async def go():
-        await adm.admit("d1", "blue", "tiny", BODY)   # held by a "replica" that then dies
+        await adm.admit("d1", "blue", "tiny", BODY)  # held by a "replica" that then dies
         await adm.admit("d1", "blue", "tiny", BODY)
         assert adm.leases_held("d1")[0] == 2
         await asyncio.sleep(1.1)
         assert adm.leases_held("d1")[0] == 0
         await adm.admit("d1", "blue", "tiny", BODY)
+
     asyncio.run(go())
 
 
@@ -87,6 +93,7 @@ def test_held_leases_are_renewed_past_the_ttl_and_dropped_ones_lapse(state):
         renewals.drop(broken)
         await asyncio.sleep(1.2)
         assert adm.leases_held("d1")[0] == 0
+
     asyncio.run(go())
 
 
@@ -106,6 +113,7 @@ def test_concurrent_requests_never_overspend_a_budget(state):
 
     async def go():
         return await asyncio.gather(*(one() for _ in range(50)))
+
     spent = sum(asyncio.run(go()))
     usage = adm.usage("red")
     assert usage["spent_tokens"] == spent <= 1000 and spent > 0
@@ -133,6 +141,7 @@ def test_budget_and_slot_are_taken_together_or_not_at_all(state):
         assert adm.usage("red")["in_flight"] == 1 and adm.leases_held("d1")[0] == 2
         adm.release(a, "tiny", {"prompt_tokens": 5, "completion_tokens": 7})
         adm.release(b, "tiny", None)
+
     asyncio.run(go())
     assert adm.leases_held("d1") == (0, 0)
     usage = adm.usage("red")
@@ -165,8 +174,9 @@ def test_errors_older_than_the_window_no_longer_count(state):
 
 
 def test_a_batch_line_pays_the_batch_discount(state):
-    cfg = config(prices={"tiny": Price(input_per_mtok=1e6, output_per_mtok=1e6, batch_discount=0.5)},
-                 budgets={"red": Budget(usd=1e9)})
+    cfg = config(
+        prices={"tiny": Price(input_per_mtok=1e6, output_per_mtok=1e6, batch_discount=0.5)}, budgets={"red": Budget(usd=1e9)}
+    )
     adm = Admission(cfg, state)
     usage = {"prompt_tokens": 10, "completion_tokens": 20}
     adm.release(asyncio.run(adm.admit("d1", "red", "tiny", BODY)), "tiny", usage)
@@ -196,6 +206,7 @@ def test_two_replicas_share_state_through_redis(redis_server):
 
 def test_a_replica_trusts_closed_briefly_and_hears_open_from_any_outcome(redis_server):
     import redis
+
     a, b = SharedState(redis_server.url), SharedState(redis_server.url)
     opener = Breakers(a, BreakerConfig(min_requests=2, error_rate=0.5))
     trusting = Breakers(b, BreakerConfig(closed_view_s=60))
@@ -203,6 +214,7 @@ def test_a_replica_trusts_closed_briefly_and_hears_open_from_any_outcome(redis_s
 
     def scripts() -> int:
         return redis.Redis.from_url(redis_server.url).info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
     asking.allow("another")  # the script is loaded into Redis
     before = scripts()
     assert all(trusting.allow("d") for _ in range(20))
@@ -231,21 +243,28 @@ def test_without_redis_the_gateway_keeps_admitting_locally(redis_server):
         await asyncio.sleep(0.25)
         c = await adm.admit("d1", "blue", "tiny", BODY)
         assert c.lease.shared  # back on shared state
+
     asyncio.run(go())
 
 
 def test_large_reservations_are_exact_whole_numbers_in_every_ledger(state):
     # a million-token budget at $3 per 1M output tokens: reservations of millions of micro-dollars,
     # which the old '%g' formatting wrote as '3e+06' and the Lua script could not parse
-    adm = Admission(config(capacity={"d1": Capacity(max_requests=8, max_tokens=10_000_000)},
-                           budgets={"big": Budget(tokens=5_000_000, usd=100.0)},
-                           prices={"tiny": Price(input_per_mtok=1.5, output_per_mtok=3.0)}), state)
+    adm = Admission(
+        config(
+            capacity={"d1": Capacity(max_requests=8, max_tokens=10_000_000)},
+            budgets={"big": Budget(tokens=5_000_000, usd=100.0)},
+            prices={"tiny": Price(input_per_mtok=1.5, output_per_mtok=3.0)},
+        ),
+        state,
+    )
     body = {**BODY, "max_tokens": 1_000_000}
 
     async def go():
         a = await adm.admit("d1", "big", "tiny", body)
         assert adm.usage("big")["reserved_tokens"] == a.prompt_tokens + 1_000_000
         adm.release(a, "tiny", {"prompt_tokens": 7, "completion_tokens": 999_999})
+
     asyncio.run(go())
     usage = adm.usage("big")
     assert usage["spent_tokens"] == 1_000_006 and usage["reserved_tokens"] == 0
@@ -261,6 +280,7 @@ def test_a_stream_cut_before_its_usage_is_charged_what_it_produced(state):
         b = await adm.admit("d1", "red", "tiny", BODY)
         adm.release(b, "tiny", None)  # failed before any token: nothing to charge
         return a.prompt_tokens
+
     prompt = asyncio.run(go())
     assert adm.usage("red")["spent_tokens"] == prompt + 30
 

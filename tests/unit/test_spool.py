@@ -32,15 +32,14 @@ def test_replaying_a_segment_twice_stores_each_trace_once(tmp_path):
     sealed = writer.spool.rotate()
     backup = tmp_path / "backup.spool"
     shutil.copy(sealed, backup)
-    writer._convert(sealed)           # converted to Parquet, then the process dies...
-    shutil.copy(backup, sealed)       # ...before the segment's unlink reached the disk
+    writer._convert(sealed)  # converted to Parquet, then the process dies...
+    shutil.copy(backup, sealed)  # ...before the segment's unlink reached the disk
     writer.spool.close()
     again = TraceWriter(tmp_path, "gw", max_age_s=60)  # restart: replays the segment
     assert again.replayed == 20
     again.close()
     store = TraceStore(tmp_path)
-    assert store.sql("SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces").to_pylist() == \
-        [{"n": 20, "d": 20}]
+    assert store.sql("SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces").to_pylist() == [{"n": 20, "d": 20}]
     assert not list(spool_dir(tmp_path, "gw").glob("seg-*.spool"))
 
 
@@ -81,6 +80,7 @@ def test_a_killed_writer_is_replayed_at_start_before_any_new_record(tmp_path):
     writer._stop.set()
     writer.spool._closed = True
     import os
+
     os.close(writer.spool._lock_fd)
     seg = next(iter(writer.spool.segments()))
     with open(seg, "ab") as f:  # and its last frame was torn
@@ -103,6 +103,7 @@ def test_a_second_writer_with_the_same_instance_is_refused(tmp_path):
 
 def test_a_failed_write_is_reported_and_later_records_are_still_readable(tmp_path, monkeypatch):
     import os
+
     spool = Spool(tmp_path, header={"fields": ["trace_id"]})
     spool.wait(spool.append({"trace_id": "a"}), 5)
     real_write, calls = os.write, {"n": 0}

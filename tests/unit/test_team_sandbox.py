@@ -20,14 +20,26 @@ def root(tmp_path_factory):
     writer = TraceWriter(root, "seed")
     for i in range(8):
         team = "red" if i < 3 else "blue"
-        writer.submit({"trace_id": f"{team}-tr-{i}", "team": team, "gen_ai_request_model": "tiny",
-                       "gen_ai_conversation_id": f"{team}-session", "http_status": 200,
-                       "response_content": SECRET if team == "blue" else "red text",
-                       "prompt_token_ids": [1, 2, 3], "completion_token_ids": [i]})
+        writer.submit(
+            {
+                "trace_id": f"{team}-tr-{i}",
+                "team": team,
+                "gen_ai_request_model": "tiny",
+                "gen_ai_conversation_id": f"{team}-session",
+                "http_status": 200,
+                "response_content": SECRET if team == "blue" else "red text",
+                "prompt_token_ids": [1, 2, 3],
+                "completion_token_ids": [i],
+            }
+        )
     writer.close()
-    write_feedback(root, [{"trace_id": "blue-tr-5", "team": "blue", "name": "reward", "reward": 1.0,
-                           "comment": SECRET},
-                          {"trace_id": "red-tr-0", "team": "red", "name": "reward", "reward": 0.5}])
+    write_feedback(
+        root,
+        [
+            {"trace_id": "blue-tr-5", "team": "blue", "name": "reward", "reward": 1.0, "comment": SECRET},
+            {"trace_id": "red-tr-0", "team": "red", "name": "reward", "reward": 0.5},
+        ],
+    )
     return root
 
 
@@ -89,26 +101,42 @@ def test_no_query_a_team_sends_returns_another_teams_rows(root, sql):
 
 def test_the_team_still_reads_all_of_its_own_rows_and_feedback(root):
     store = TraceStore(root, team="red")
-    assert sorted(store.sql("SELECT trace_id FROM traces").column(0).to_pylist()) == \
-        ["red-tr-0", "red-tr-1", "red-tr-2"]
-    assert store.sql("SELECT trace_id, reward FROM rewards").to_pylist() == \
-        [{"trace_id": "red-tr-0", "reward": 0.5}]
+    assert sorted(store.sql("SELECT trace_id FROM traces").column(0).to_pylist()) == ["red-tr-0", "red-tr-1", "red-tr-2"]
+    assert store.sql("SELECT trace_id, reward FROM rewards").to_pylist() == [{"trace_id": "red-tr-0", "reward": 0.5}]
     assert store.sql("SELECT turns FROM sessions").to_pylist() == [{"turns": 3}]
     assert TraceStore(root).sql("SELECT count(*) AS n FROM traces").to_pylist() == [{"n": 8}]
 
 
 def test_the_sandbox_opens_no_file_at_all(root):
     store = TraceStore(root, team="red")
-    for sql in (f"SELECT * FROM read_parquet('{root}/**/*.parquet')", f"SELECT * FROM read_text('{root}/_spool')",
-                "SET enable_external_access = true"):
+    for sql in (
+        f"SELECT * FROM read_parquet('{root}/**/*.parquet')",
+        f"SELECT * FROM read_text('{root}/_spool')",
+        "SET enable_external_access = true",
+    ):
         with pytest.raises(duckdb.Error):
             store.con.sql(sql).fetchall()
 
 
-NAMES = st.sampled_from(["traces", "traces_full", "sessions", "usage_by_team", "feedback", "rewards",
-                         "_traces_raw", "_feedback_raw", "_empty_traces", "information_schema.tables",
-                         "information_schema.columns", "duckdb_views()", "duckdb_tables()",
-                         "memory.main._traces_raw", "system.main.duckdb_views()"])
+NAMES = st.sampled_from(
+    [
+        "traces",
+        "traces_full",
+        "sessions",
+        "usage_by_team",
+        "feedback",
+        "rewards",
+        "_traces_raw",
+        "_feedback_raw",
+        "_empty_traces",
+        "information_schema.tables",
+        "information_schema.columns",
+        "duckdb_views()",
+        "duckdb_tables()",
+        "memory.main._traces_raw",
+        "system.main.duckdb_views()",
+    ]
+)
 
 
 @st.composite

@@ -20,14 +20,24 @@ def gateway(tmp_path, recording_upstream):
     _, blue = keys.create("blue")
     cfg = GatewayConfig(
         deployments=[Deployment(name="d", url=recording_upstream.url, model_path="/srv/weights/base")],
-        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny"),
-                "blue-sft": ModelRoute(deployment="d", upstream_model="blue-sft", lora_path="/srv/ckpt/blue-sft",
-                                       teams=["blue"])},
-        traces_dir=str(tmp_path / "traces"), keys_file=str(tmp_path / "keys.json"), admin_key="adm",
-        require_api_key=True)
+        models={
+            "tiny": ModelRoute(deployment="d", upstream_model="tiny"),
+            "blue-sft": ModelRoute(deployment="d", upstream_model="blue-sft", lora_path="/srv/ckpt/blue-sft", teams=["blue"]),
+        },
+        traces_dir=str(tmp_path / "traces"),
+        keys_file=str(tmp_path / "keys.json"),
+        admin_key="adm",
+        require_api_key=True,
+    )
     with TestClient(create_app(cfg)) as client:
-        yield client, {"red": {"Authorization": f"Bearer {red}"}, "blue": {"Authorization": f"Bearer {blue}"},
-                       "admin": {"Authorization": "Bearer adm"}}
+        yield (
+            client,
+            {
+                "red": {"Authorization": f"Bearer {red}"},
+                "blue": {"Authorization": f"Bearer {blue}"},
+                "admin": {"Authorization": "Bearer adm"},
+            },
+        )
 
 
 def test_metrics_and_health_details_need_the_admin_key(gateway):
@@ -60,6 +70,10 @@ def test_models_need_a_key_show_no_paths_and_hide_other_teams_adapters(gateway):
 def test_the_same_session_id_from_two_teams_is_two_sessions(gateway, recording_upstream):
     client, h = gateway
     for team in ("red", "blue"):
-        assert client.post("/v1/chat/completions", json={"model": "tiny", **CHAT},
-                           headers={**h[team], "X-Session-ID": "s-1"}).status_code == 200
+        assert (
+            client.post(
+                "/v1/chat/completions", json={"model": "tiny", **CHAT}, headers={**h[team], "X-Session-ID": "s-1"}
+            ).status_code
+            == 200
+        )
     assert [s.headers["x-dynamo-session-id"] for s in recording_upstream.seen] == ["red/s-1", "blue/s-1"]

@@ -29,9 +29,12 @@ def test_chat_template_renders_tools_reasoning_and_tool_results(tiny_model_dir):
     messages = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": "", "reasoning_content": "call the tool",
-         "tool_calls": [{"type": "function", "function": {"name": "get_weather",
-                                                           "arguments": {"city": "Paris", "days": 2}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "call the tool",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}],
+        },
         {"role": "tool", "content": "sunny"},
     ]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

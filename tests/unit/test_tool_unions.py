@@ -20,13 +20,13 @@ from serve.tools.definitions import Bounds, parse_tools
 from serve.tools.glm_parser import parse
 
 UNIONS = {
-    "anyOf string|integer": {"anyOf": [{"type": "string", "minLength": 2, "maxLength": 6},
-                                       {"type": "integer", "minimum": 0, "maximum": 99}]},
+    "anyOf string|integer": {
+        "anyOf": [{"type": "string", "minLength": 2, "maxLength": 6}, {"type": "integer", "minimum": 0, "maximum": 99}]
+    },
     "type list": {"type": ["string", "integer"], "minLength": 2, "maxLength": 6, "minimum": 0, "maximum": 99},
     "oneOf string|boolean": {"oneOf": [{"type": "string", "minLength": 2, "maxLength": 6}, {"type": "boolean"}]},
     "nullable type list": {"type": ["string", "null"], "minLength": 2, "maxLength": 6},
-    "Optional[str] (anyOf with null)": {"anyOf": [{"type": "string", "minLength": 2, "maxLength": 6},
-                                                  {"type": "null"}]},
+    "Optional[str] (anyOf with null)": {"anyOf": [{"type": "string", "minLength": 2, "maxLength": 6}, {"type": "null"}]},
     "unbounded anyOf": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
 }
 OTHERS = {
@@ -39,34 +39,98 @@ OTHERS = {
 WORDS = ["café", "日本語", "😀ok", "naïve", "e\u0301"]
 # What a model might write, raw or JSON: markup, JSON that a raw reading would take as a string,
 # strings a JSON reading would shorten, edge whitespace, ill-formed UTF-8.
-WRITTEN = ["café", '"café"', "Zürich", '"Zürich"', "日本語", '"日本語"', '"😀"', "😀😀", "a", '"a"', '"ab"', "ab",
-           "null", '"null"', "42", '"42"', "true", "[1]", '{"x": "é"}', "a<b", '"a<b"', '"a\\u003cb"', "a</arg_value>b",
-           '"a</arg_value>b"', "a</tool_call>b", '"x</tool_call>"', '"ab" ', " café", '"\\""', '"a\\nb"',
-           b'"a\xc0\x80"', b"a\xed\xa0\x80", b'"\xf4\x90\x80\x80"']
+WRITTEN = [
+    "café",
+    '"café"',
+    "Zürich",
+    '"Zürich"',
+    "日本語",
+    '"日本語"',
+    '"😀"',
+    "😀😀",
+    "a",
+    '"a"',
+    '"ab"',
+    "ab",
+    "null",
+    '"null"',
+    "42",
+    '"42"',
+    "true",
+    "[1]",
+    '{"x": "é"}',
+    "a<b",
+    '"a<b"',
+    '"a\\u003cb"',
+    "a</arg_value>b",
+    '"a</arg_value>b"',
+    "a</tool_call>b",
+    '"x</tool_call>"',
+    '"ab" ',
+    " café",
+    '"\\""',
+    '"a\\nb"',
+    b'"a\xc0\x80"',
+    b"a\xed\xa0\x80",
+    b'"\xf4\x90\x80\x80"',
+]
 
 
 def req_for(schema: dict):
     if "$ref" in schema:
-        return parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-            "type": "object", "$defs": {"u": UNIONS["nullable type list"]}, "properties": {"a": schema},
-            "required": ["a"], "additionalProperties": False}}}],
-            "tool_choice": "required", "parallel_tool_calls": False})
+        return parse_tools(
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "$defs": {"u": UNIONS["nullable type list"]},
+                                "properties": {"a": schema},
+                                "required": ["a"],
+                                "additionalProperties": False,
+                            },
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+                "parallel_tool_calls": False,
+            }
+        )
     return tool_req({"a": schema}, required=["a"])
 
 
 def decoded(req, *value: str | bytes):
-    text = b"".join(p.encode() if isinstance(p, str) else p for p in ["<tool_call>f<arg_key>a</arg_key><arg_value>",
-                                                                       *value, "</arg_value></tool_call>"])
+    text = b"".join(
+        p.encode() if isinstance(p, str) else p
+        for p in ["<tool_call>f<arg_key>a</arg_key><arg_value>", *value, "</arg_value></tool_call>"]
+    )
     _, calls = parse(text.decode(), req)
     return json.loads(calls[0].arguments)["a"]
 
 
 def test_only_arguments_that_admit_only_strings_are_written_raw():
     root = {"$defs": {"s": {"type": "string"}, "n": {"type": ["string", "null"]}}}
-    raw = [{"type": "string"}, {"type": ["string"]}, {"enum": ["a", "b"]}, {"const": "a"}, {"$ref": "#/$defs/s"},
-           {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "string", "pattern": "^[0-9]+$"}]}]
-    json_ = [*UNIONS.values(), {"enum": ["a", None]}, {"const": 1}, {}, {"type": "integer"}, {"$ref": "#/$defs/n"},
-             {"type": "object"}, {"anyOf": [{"type": "string"}, {}]}]
+    raw = [
+        {"type": "string"},
+        {"type": ["string"]},
+        {"enum": ["a", "b"]},
+        {"const": "a"},
+        {"$ref": "#/$defs/s"},
+        {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "string", "pattern": "^[0-9]+$"}]},
+    ]
+    json_ = [
+        *UNIONS.values(),
+        {"enum": ["a", None]},
+        {"const": 1},
+        {},
+        {"type": "integer"},
+        {"$ref": "#/$defs/n"},
+        {"type": "object"},
+        {"anyOf": [{"type": "string"}, {}]},
+    ]
     assert all(written_raw(s, root) for s in raw)
     assert not any(written_raw(s, root) for s in json_)
 
@@ -107,21 +171,24 @@ def test_whatever_the_grammar_accepts_decodes_to_a_valid_call(vocab, name):
         parts = call("a", value)
         if accepts(vocab, req, parts):
             admitted += 1
-            problems += _check_call(req, {"a": schema}, name, b"".join(p.encode() if isinstance(p, str) else p
-                                                                      for p in parts))
+            problems += _check_call(req, {"a": schema}, name, b"".join(p.encode() if isinstance(p, str) else p for p in parts))
     assert not problems, problems
     assert admitted >= 1
 
 
-@pytest.mark.parametrize("schema, prefix", [
-    ({"type": "object", "properties": {"t": {"type": "string"}}, "required": ["t"]}, '{"t": "a'),
-    ({"type": "array", "items": {"type": "string"}}, '["a'),
-    ({"type": "object", "properties": {"m": {}}, "required": ["m"]}, '{"m": "a'),
-    ({"type": "object", "additionalProperties": True}, '{"k": "a'),
-    ({"type": "object", "additionalProperties": True}, '{"a'),
-    (UNIONS["unbounded anyOf"], '"a'),
-    (OTHERS["untyped"], '"a'),
-    ({"type": "string"}, "a")])
+@pytest.mark.parametrize(
+    "schema, prefix",
+    [
+        ({"type": "object", "properties": {"t": {"type": "string"}}, "required": ["t"]}, '{"t": "a'),
+        ({"type": "array", "items": {"type": "string"}}, '["a'),
+        ({"type": "object", "properties": {"m": {}}, "required": ["m"]}, '{"m": "a'),
+        ({"type": "object", "additionalProperties": True}, '{"k": "a'),
+        ({"type": "object", "additionalProperties": True}, '{"a'),
+        (UNIONS["unbounded anyOf"], '"a'),
+        (OTHERS["untyped"], '"a'),
+        ({"type": "string"}, "a"),
+    ],
+)
 def test_no_string_inside_a_value_can_hold_markup(vocab, schema, prefix):
     """Inside any string, the closing markup (token or bytes) is refused: the parser would end the
     value there. ``<`` is refused outright (a grammar cannot count characters and refuse only
@@ -145,8 +212,7 @@ def test_an_untyped_argument_is_any_json_value_with_safe_strings(vocab):
 
 def test_enum_and_const_strings_in_a_json_argument_are_quoted_exactly(vocab):
     enum, const = req_for(OTHERS["mixed enum"]), req_for({"enum": ["Zürich", 3]})
-    for value, expected in [('"café"', "café"), ('"日本語"', "日本語"), ('"a\\u003cb"', "a<b"), ("1", 1),
-                            ("null", None)]:
+    for value, expected in [('"café"', "café"), ('"日本語"', "日本語"), ('"a\\u003cb"', "a<b"), ("1", 1), ("null", None)]:
         assert accepts(vocab, enum, call("a", value)) and decoded(enum, value) == expected, value
     for value in ["café", '"cafe"', '"a<b"', "2", '"1"']:
         assert not accepts(vocab, enum, call("a", value)), value
@@ -154,8 +220,20 @@ def test_enum_and_const_strings_in_a_json_argument_are_quoted_exactly(vocab):
 
 
 def test_declared_extra_arguments_follow_the_same_rule(vocab):
-    req = parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "additionalProperties": {"type": ["string", "null"]}}}}],
-        "tool_choice": "required"}, Bounds())
+    req = parse_tools(
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+                    },
+                }
+            ],
+            "tool_choice": "required",
+        },
+        Bounds(),
+    )
     assert accepts(vocab, req, call("a", '"日本"')) and decoded(req, '"日本"') == "日本"
     assert not accepts(vocab, req, call("a", "日本"))

@@ -71,7 +71,7 @@ def byte_level_tokenizer():
 class Vocab:
     info: xgr.TokenizerInfo
     compiler: xgr.GrammarCompiler
-    pieces: list[bytes]   # token id -> its bytes
+    pieces: list[bytes]  # token id -> its bytes
     ids: dict[bytes, int]
     stop: int
     compiled: dict[str, xgr.CompiledGrammar] = field(default_factory=dict)
@@ -100,16 +100,27 @@ def vocab() -> Vocab:
     info = xgr.TokenizerInfo.from_huggingface(hf)
     assert info.vocab_type == xgr.VocabType.BYTE_LEVEL
     pieces = [bytes(p) for p in info.decoded_vocab]
-    return Vocab(info, xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False), pieces,
-                 {p: i for i, p in enumerate(pieces)}, hf.eos_token_id)
+    return Vocab(
+        info,
+        xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False),
+        pieces,
+        {p: i for i, p in enumerate(pieces)},
+        hf.eos_token_id,
+    )
 
 
 def tool_req(props: dict, bounds: Bounds = Bounds(), required: list[str] | None = None):
     params = {"type": "object", "properties": props, "additionalProperties": False}
     if required is not None:
         params["required"] = required
-    return parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": params}}],
-                        "tool_choice": "required", "parallel_tool_calls": False}, bounds)
+    return parse_tools(
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+        },
+        bounds,
+    )
 
 
 def matcher(vocab: Vocab, req) -> xgr.GrammarMatcher:
@@ -133,27 +144,46 @@ def accepts(vocab: Vocab, req, parts) -> bool:
 KINDS = {
     "raw, maxLength 10": ({"type": "string", "maxLength": 10}, lambda v: [v], Bounds()),
     "json, nullable, maxLength 10": ({"type": ["string", "null"], "maxLength": 10}, lambda v: ['"', v, '"'], Bounds()),
-    "json, anyOf string|integer": ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, lambda v: ['"', v, '"'],
-                                   Bounds()),
+    "json, anyOf string|integer": ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, lambda v: ['"', v, '"'], Bounds()),
     "raw, default bound": ({"type": "string"}, lambda v: [v], Bounds()),
     "raw, bound switched off": ({"type": "string"}, lambda v: [v], Bounds(max_string_length=None)),
     "raw, minLength only": ({"type": "string", "minLength": 1}, lambda v: [v], Bounds(max_string_length=None)),
-    "json, nested maxLength 10": ({"type": "object", "properties": {"t": {"type": "string", "maxLength": 10}},
-                                   "required": ["t"]}, lambda v: ['{"t": "', v, '"}'], Bounds()),
-    "json, array item": ({"type": "array", "items": {"type": "string"}, "maxItems": 2},
-                         lambda v: ['["', v, '"]'], Bounds()),
-    "json, $defs": ({"$ref": "#/$defs/s", "$defs": {"s": {"type": "object", "properties": {"t": {"type": "string"}},
-                                                             "required": ["t"]}}},
-                    lambda v: ['{"t": "', v, '"}'], Bounds()),
+    "json, nested maxLength 10": (
+        {"type": "object", "properties": {"t": {"type": "string", "maxLength": 10}}, "required": ["t"]},
+        lambda v: ['{"t": "', v, '"}'],
+        Bounds(),
+    ),
+    "json, array item": ({"type": "array", "items": {"type": "string"}, "maxItems": 2}, lambda v: ['["', v, '"]'], Bounds()),
+    "json, $defs": (
+        {"$ref": "#/$defs/s", "$defs": {"s": {"type": "object", "properties": {"t": {"type": "string"}}, "required": ["t"]}}},
+        lambda v: ['{"t": "', v, '"}'],
+        Bounds(),
+    ),
 }
 
 
 def kind_accepts(vocab: Vocab, kind: str, *value: str | bytes) -> bool:
     schema, write, bounds = KINDS[kind]
     if "$defs" in schema:  # $defs live at the root of the parameters
-        req = parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-            "type": "object", "$defs": schema["$defs"], "properties": {"a": {"$ref": schema["$ref"]}}}}}],
-            "tool_choice": "required"}, bounds)
+        req = parse_tools(
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "$defs": schema["$defs"],
+                                "properties": {"a": {"$ref": schema["$ref"]}},
+                            },
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            bounds,
+        )
     else:
         req = tool_req({"a": schema}, bounds)
     return accepts(vocab, req, call("a", *write(b"".join(v.encode() if isinstance(v, str) else v for v in value))))
@@ -174,6 +204,7 @@ def _utf8_prefix(data: bytes) -> bool:
 
 # ------------------------------------------------------------------------- (a) xgrammar pinned
 
+
 def test_our_tokenizer_is_byte_level_with_a_piece_for_every_byte():
     """What vLLM hands the grammar for the tiny model: all 256 single bytes are tokens, the 128
     that are not UTF-8 on their own included (so a grammar that allows them gets them)."""
@@ -181,8 +212,9 @@ def test_our_tokenizer_is_byte_level_with_a_piece_for_every_byte():
 
     from deploy.models.tiny_model import build_tokenizer
 
-    info = xgr.TokenizerInfo.from_huggingface(PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(vocab_size=300, corpus_bytes=20_000), eos_token=EOS))
+    info = xgr.TokenizerInfo.from_huggingface(
+        PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(vocab_size=300, corpus_bytes=20_000), eos_token=EOS)
+    )
     assert info.vocab_type == xgr.VocabType.BYTE_LEVEL
     singles = {bytes(p) for p in info.decoded_vocab if len(p) == 1}
     assert singles == {bytes([b]) for b in range(256)}
@@ -191,30 +223,45 @@ def test_our_tokenizer_is_byte_level_with_a_piece_for_every_byte():
 def test_xgrammar_negated_classes_admit_ill_formed_utf8(vocab):
     """Why the bounded schemas never use a negated class (xgrammar 0.2.7). If this fails,
     xgrammar now checks code points in [^...]; scalar_class stays correct either way."""
+
     def one_char(ebnf: str, data: bytes) -> bool:
         m = xgr.GrammarMatcher(vocab.compiler.compile_grammar(ebnf))
         return all(m.accept_token(vocab.ids[bytes([b])]) for b in data) and m.accept_token(vocab.stop)
 
-    for data in [b"\xc0\x80", b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xf0\x80\x80\x80", b"\xf4\x90\x80\x80",
-                 b"\xf5\x80\x80\x80", b"\xf7\xbf\xbf\xbf"]:
-        assert one_char('root ::= [^<]', data), data  # one "character" each; 2-4 U+FFFD decoded
-    assert one_char(r'root ::= [^\u00e9]', "é".encode())  # non-ASCII members of [^...] are ignored
+    for data in [
+        b"\xc0\x80",
+        b"\xe0\x80\x80",
+        b"\xed\xa0\x80",
+        b"\xf0\x80\x80\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xf5\x80\x80\x80",
+        b"\xf7\xbf\xbf\xbf",
+    ]:
+        assert one_char("root ::= [^<]", data), data  # one "character" each; 2-4 U+FFFD decoded
+    assert one_char(r"root ::= [^\u00e9]", "é".encode())  # non-ASCII members of [^...] are ignored
     # a 3-byte range over several lead bytes loses the tail of its last lead byte, and a Regex()
     # rule (nested JSON strings) merges touching ranges of one class into such a range:
-    assert not one_char(r'root ::= [\u0800-\ud7ff]', "\ud000".encode())
-    assert one_char(r'root ::= [\u0800-\ucfff\ud000-\ud7ff]', "\ud000".encode())
+    assert not one_char(r"root ::= [\u0800-\ud7ff]", "\ud000".encode())
+    assert one_char(r"root ::= [\u0800-\ucfff\ud000-\ud7ff]", "\ud000".encode())
     assert not one_char(r'root ::= Regex("^[\\u0800-\\ucfff\\ud000-\\ud7ff]$")', "\ud000".encode())
     assert one_char(r'root ::= Regex("^(?:[\\u0800-\\ucfff]|[\\ud000-\\ud7ff])$")', "\ud000".encode())
     # never taken: a lone continuation byte, a lead byte followed by ASCII, bytes F8-FF
     for data in [b"\x80", b"\xc3a", b"\xf8\x80\x80\x80", b"\xff"]:
-        assert not one_char('root ::= [^<] [^<]?', data), data
+        assert not one_char("root ::= [^<] [^<]?", data), data
 
 
 def test_bounded_strings_are_inlined_as_character_classes():
     """scalar_class is exact as an EBNF character class, not inside a Regex() rule (above): xgrammar
     inlines a pattern whose characters need no JSON escaping, which is what keeps it exact."""
-    req = tool_req({"a": {"type": "string", "maxLength": 5}, "b": {"type": "object", "properties": {
-        "t": {"type": "string"}, "l": {"type": "array", "items": {"type": "string", "minLength": 1}}}}})
+    req = tool_req(
+        {
+            "a": {"type": "string", "maxLength": 5},
+            "b": {
+                "type": "object",
+                "properties": {"t": {"type": "string"}, "l": {"type": "array", "items": {"type": "string", "minLength": 1}}},
+            },
+        }
+    )
     ebnf = grammar_for(req)
     assert "Regex(" not in ebnf
     assert ebnf.count("\\ud000-\\ud7ff\\ue000-\\uffff\\U00010000-\\U0010ffff]") >= 4
@@ -225,9 +272,9 @@ def test_the_matcher_never_takes_a_stray_or_unfinished_sequence(vocab, kind):
     """What xgrammar refuses by itself, on our grammar (true before the fix too, except where
     no pattern was set: an unbounded raw string took any bytes at all)."""
     assert kind_accepts(vocab, kind, "ab")
-    assert not kind_accepts(vocab, kind, b"a\x80b")          # lone continuation byte
-    assert not kind_accepts(vocab, kind, b"a\xc3b")          # lead byte, then ASCII
-    assert not kind_accepts(vocab, kind, b"ab\xe4\xb8")      # 3-byte sequence cut by the closing markup / quote
+    assert not kind_accepts(vocab, kind, b"a\x80b")  # lone continuation byte
+    assert not kind_accepts(vocab, kind, b"a\xc3b")  # lead byte, then ASCII
+    assert not kind_accepts(vocab, kind, b"ab\xe4\xb8")  # 3-byte sequence cut by the closing markup / quote
 
 
 def test_after_a_lead_byte_only_its_continuation_bytes_are_allowed(vocab):
@@ -240,8 +287,14 @@ def test_after_a_lead_byte_only_its_continuation_bytes_are_allowed(vocab):
     assert all(m.accept_token(t) for t in vocab.tokens(*call("a", "ab")[:-2]))
     # a character may start with any lead byte of a well-formed sequence, never C0, C1, F5-FF
     assert high(vocab.allowed(m)) == set(range(0xC2, 0xF5))
-    second = {0xC3: range(0x80, 0xC0), 0xE0: range(0xA0, 0xC0), 0xE4: range(0x80, 0xC0),
-              0xED: range(0x80, 0xA0), 0xF0: range(0x90, 0xC0), 0xF4: range(0x80, 0x90)}
+    second = {
+        0xC3: range(0x80, 0xC0),
+        0xE0: range(0xA0, 0xC0),
+        0xE4: range(0x80, 0xC0),
+        0xED: range(0x80, 0xA0),
+        0xF0: range(0x90, 0xC0),
+        0xF4: range(0x80, 0x90),
+    }
     for lead, continuations in second.items():
         assert m.accept_token(vocab.ids[bytes([lead])])
         allowed = vocab.allowed(m)
@@ -258,15 +311,41 @@ def test_after_a_lead_byte_only_its_continuation_bytes_are_allowed(vocab):
 # --------------------------------------------------------------- (b) characters and well-formed text
 
 ILL_FORMED = {
-    "overlong C0 80 (NUL)": b"\xc0\x80", "overlong C1 BF": b"\xc1\xbf", "overlong E0 80 80": b"\xe0\x80\x80",
-    "overlong E0 9F BF": b"\xe0\x9f\xbf", "overlong F0 80 80 80": b"\xf0\x80\x80\x80",
-    "overlong F0 8F BF BF": b"\xf0\x8f\xbf\xbf", "surrogate ED A0 80": b"\xed\xa0\x80",
-    "surrogate ED BF BF": b"\xed\xbf\xbf", "past U+10FFFF F4 90 80 80": b"\xf4\x90\x80\x80",
-    "lead F5": b"\xf5\x80\x80\x80", "lead F7": b"\xf7\xbf\xbf\xbf", "lone continuation": b"\x80",
-    "lead then ASCII": b"\xc3b", "byte FE": b"\xfe", "byte FF": b"\xff",
+    "overlong C0 80 (NUL)": b"\xc0\x80",
+    "overlong C1 BF": b"\xc1\xbf",
+    "overlong E0 80 80": b"\xe0\x80\x80",
+    "overlong E0 9F BF": b"\xe0\x9f\xbf",
+    "overlong F0 80 80 80": b"\xf0\x80\x80\x80",
+    "overlong F0 8F BF BF": b"\xf0\x8f\xbf\xbf",
+    "surrogate ED A0 80": b"\xed\xa0\x80",
+    "surrogate ED BF BF": b"\xed\xbf\xbf",
+    "past U+10FFFF F4 90 80 80": b"\xf4\x90\x80\x80",
+    "lead F5": b"\xf5\x80\x80\x80",
+    "lead F7": b"\xf7\xbf\xbf\xbf",
+    "lone continuation": b"\x80",
+    "lead then ASCII": b"\xc3b",
+    "byte FE": b"\xfe",
+    "byte FF": b"\xff",
 }
-BOUNDARY_CHARACTERS = ["\x7f", "\x80", "\u07ff", "\u0800", "\u0fff", "\u1000", "\ud000", "\ud7ff", "\ue000",
-                       "\ufffd", "\uffff", "\U00010000", "\U0010ffff", "é", "中", "部", "😀"]
+BOUNDARY_CHARACTERS = [
+    "\x7f",
+    "\x80",
+    "\u07ff",
+    "\u0800",
+    "\u0fff",
+    "\u1000",
+    "\ud000",
+    "\ud7ff",
+    "\ue000",
+    "\ufffd",
+    "\uffff",
+    "\U00010000",
+    "\U0010ffff",
+    "é",
+    "中",
+    "部",
+    "😀",
+]
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -294,8 +373,9 @@ def test_the_reported_value_is_refused(vocab):
 def test_bounds_count_characters_not_bytes(vocab, ch):
     raw = tool_req({"a": {"type": "string", "minLength": 2, "maxLength": 10}})
     nullable = tool_req({"a": {"type": ["string", "null"], "minLength": 2, "maxLength": 10}})
-    nested = tool_req({"a": {"type": "object", "properties": {"t": {"type": "string", "minLength": 2, "maxLength": 10}},
-                             "required": ["t"]}})
+    nested = tool_req(
+        {"a": {"type": "object", "properties": {"t": {"type": "string", "minLength": 2, "maxLength": 10}}, "required": ["t"]}}
+    )
     for n, ok in [(1, False), (2, True), (10, True), (11, False)]:
         assert accepts(vocab, raw, call("a", ch * n)) == ok, (ch, n)
         assert accepts(vocab, nullable, call("a", '"', ch * n, '"')) == ok, (ch, n)
@@ -314,9 +394,12 @@ def test_raw_values_cannot_start_or_end_with_whitespace_the_parser_strips(vocab)
 
 def test_enums_and_consts_with_accents_are_matched_exactly(vocab):
     words = ["café", "naïve", "日本語", "😀", "e\u0301"]
-    req = tool_req({"a": {"enum": words}, "b": {"type": "object", "properties": {"e": {"enum": words},
-                                                                               "c": {"const": "Zürich"}},
-                                                "required": ["e", "c"]}})
+    req = tool_req(
+        {
+            "a": {"enum": words},
+            "b": {"type": "object", "properties": {"e": {"enum": words}, "c": {"const": "Zürich"}}, "required": ["e", "c"]},
+        }
+    )
     for w in words:
         assert accepts(vocab, req, call("a", w)), w
         # (keys in sorted order: grammar_for serialises the tag with sort_keys, which orders properties)
@@ -329,9 +412,12 @@ def test_enums_and_consts_with_accents_are_matched_exactly(vocab):
 
 
 def test_patterns_with_u_escapes_are_code_points(vocab):
-    req = tool_req({"a": {"type": "string", "pattern": "^[\\u00e0-\\u00ff]{2,3}$"},
-                    "b": {"type": "object", "properties": {"p": {"type": "string", "pattern": "^\\u00e9+\\u4e2d$"}},
-                          "required": ["p"]}})
+    req = tool_req(
+        {
+            "a": {"type": "string", "pattern": "^[\\u00e0-\\u00ff]{2,3}$"},
+            "b": {"type": "object", "properties": {"p": {"type": "string", "pattern": "^\\u00e9+\\u4e2d$"}}, "required": ["p"]},
+        }
+    )
     assert accepts(vocab, req, call("a", "éàü")) and accepts(vocab, req, call("a", "ÿà"))
     assert not accepts(vocab, req, call("a", "é")) and not accepts(vocab, req, call("a", "éàüö"))
     assert not accepts(vocab, req, call("a", "ea")) and not accepts(vocab, req, call("a", b"\xc3\xa9\xc3"))
@@ -342,15 +428,16 @@ def test_patterns_with_u_escapes_are_code_points(vocab):
     raw_like = re.compile(bounded.tools[0].grammar_schema["properties"]["b"]["pattern"])
     assert json_like.match("aé中😀\x7f") and not json_like.match('a"') and not json_like.match("a\x1f")
     assert not json_like.match("a<")  # no markup inside <arg_value>, JSON-encoded or not
-    assert raw_like.match("aé中😀\x1f\"b") and not raw_like.match("a<b") and not raw_like.match(" a")
+    assert raw_like.match('aé中😀\x1f"b') and not raw_like.match("a<b") and not raw_like.match(" a")
 
 
 def test_scalar_class_is_every_scalar_value_but_the_excluded_ones():
     from serve.tools.charsets import STRIPPED_WHITESPACE, scalar_class
 
     cls = re.compile(f"^{scalar_class('<' + STRIPPED_WHITESPACE)}$")
-    assert {c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and not cls.match(chr(c))} == \
-        {ord("<")} | {c for c in range(0x110000) if chr(c).isspace()}
+    assert {c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and not cls.match(chr(c))} == {ord("<")} | {
+        c for c in range(0x110000) if chr(c).isspace()
+    }
     assert not re.match(f"^{scalar_class('')}$", "\ud800")
 
 
@@ -384,20 +471,22 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
     if kind == "const":
         return {"const": rng.choice(WORDS)}
     if kind == "pattern":
-        return {"type": "string", "pattern": rng.choice(["^[\\u00e0-\\u00ff]{1,3}$", "^[a-z\\u4e2d]{1,3}$",
-                                                         "^\\u00e9[0-9]?$"])}
+        return {"type": "string", "pattern": rng.choice(["^[\\u00e0-\\u00ff]{1,3}$", "^[a-z\\u4e2d]{1,3}$", "^\\u00e9[0-9]?$"])}
     if kind == "integer":
         return {"type": "integer", "minimum": 0, "maximum": 99}
     if kind == "boolean":
         return {"type": "boolean"}
     if kind == "object":
         names = rng.sample("pqrs", rng.randint(1, 2))
-        return {"type": "object", "properties": {n: random_schema(rng, depth + 1) for n in names},
-                "required": names, "additionalProperties": False}
+        return {
+            "type": "object",
+            "properties": {n: random_schema(rng, depth + 1) for n in names},
+            "required": names,
+            "additionalProperties": False,
+        }
     if kind == "array":
         return {"type": "array", "items": random_schema(rng, depth + 1), "maxItems": 2}
-    return {"anyOf": [{"type": "string", "maxLength": rng.randint(1, 5)},
-                      {"type": "integer", "minimum": 0, "maximum": 9}]}
+    return {"anyOf": [{"type": "string", "maxLength": rng.randint(1, 5)}, {"type": "integer", "minimum": 0, "maximum": 9}]}
 
 
 def random_union(rng: random.Random) -> dict:
@@ -408,14 +497,16 @@ def random_union(rng: random.Random) -> dict:
     if rng.random() < 0.3:
         string["minLength"] = rng.randint(0, min(string.get("maxLength", 3), 3))
     small = {"type": "integer", "minimum": 0, "maximum": 99}
-    return rng.choice([
-        {"type": ["string", "integer"], **string, **{k: v for k, v in small.items() if k != "type"}},
-        {"type": ["string", "null"], **{k: v for k, v in string.items() if k != "type"}},
-        {"anyOf": [string, {"type": "null"}]},
-        {"anyOf": [string, small]},
-        {"oneOf": [string, {"type": "boolean"}]},
-        {"anyOf": [{"enum": rng.sample(WORDS, 2)}, {"type": "array", "items": string, "maxItems": 2}]},
-    ])
+    return rng.choice(
+        [
+            {"type": ["string", "integer"], **string, **{k: v for k, v in small.items() if k != "type"}},
+            {"type": ["string", "null"], **{k: v for k, v in string.items() if k != "type"}},
+            {"anyOf": [string, {"type": "null"}]},
+            {"anyOf": [string, small]},
+            {"oneOf": [string, {"type": "boolean"}]},
+            {"anyOf": [{"enum": rng.sample(WORDS, 2)}, {"type": "array", "items": string, "maxItems": 2}]},
+        ]
+    )
 
 
 def random_walk(vocab: Vocab, m: xgr.GrammarMatcher, rng: random.Random, max_steps: int = 300) -> bytes | None:
@@ -424,8 +515,9 @@ def random_walk(vocab: Vocab, m: xgr.GrammarMatcher, rng: random.Random, max_ste
     out = []
     for step in range(max_steps):
         allowed = sorted(vocab.allowed(m))
-        closing = [t for t in allowed if t == vocab.stop or vocab.pieces[t] in (b'"', b"}", b"]", b"</arg_value>",
-                                                                                 b"</tool_call>")]
+        closing = [
+            t for t in allowed if t == vocab.stop or vocab.pieces[t] in (b'"', b"}", b"]", b"</arg_value>", b"</tool_call>")
+        ]
         if closing and rng.random() < min(0.9, step / 60):
             token = rng.choice(closing)
         else:

@@ -82,9 +82,14 @@ def test_forms_without_the_csrf_token_change_nothing(setup):
     assert client.post("/ui/logout", data={}).status_code == 403
 
 
-@pytest.mark.parametrize("query, message", [
-    ("since=yesterday", "since must be a date"), ("reward_min=high", "reward_min must be a number"),
-    ("status=maybe", "status is 'ok' or 'error'")])
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ("since=yesterday", "since must be a date"),
+        ("reward_min=high", "reward_min must be a number"),
+        ("status=maybe", "status is 'ok' or 'error'"),
+    ],
+)
 def test_a_bad_filter_is_a_400_page_saying_why(setup, query, message):
     client, keys = setup
     login(client, keys["red"])
@@ -119,10 +124,19 @@ def test_the_admin_sees_every_team(setup):
 def test_a_team_sees_only_its_checkpoints_and_not_what_trained_another_teams(tmp_path):
     from feedback.registry import Registry
     from tests.unit.conftest import seeded_gateway
+
     registry = Registry(tmp_path / "checkpoints.json")
     (tmp_path / "ck").mkdir()
-    registry.register("blue-ck", "lora", tmp_path / "ck", "base", parent="base", team="blue", env="blue-env-9",
-                      dataset={"kind": "rl", "rows": 3, "sql": "SELECT 'blue secret'"})
+    registry.register(
+        "blue-ck",
+        "lora",
+        tmp_path / "ck",
+        "base",
+        parent="base",
+        team="blue",
+        env="blue-env-9",
+        dataset={"kind": "rl", "rows": 3, "sql": "SELECT 'blue secret'"},
+    )
     with seeded_gateway(tmp_path, checkpoints_file=str(tmp_path / "checkpoints.json")) as (client, keys):
         login(client, keys["red"])
         page = client.get("/ui/checkpoints").text
@@ -132,8 +146,10 @@ def test_a_team_sees_only_its_checkpoints_and_not_what_trained_another_teams(tmp
         assert "blue secret" in client.get("/ui/checkpoints").text
 
 
-@pytest.mark.parametrize("query", ["page=1000000000000000000000", "since=9999-12-31T23:59:59-05:00",
-                                   "until=0001-01-01T00:00:00%2B05:00", "since=yesterday"])
+@pytest.mark.parametrize(
+    "query",
+    ["page=1000000000000000000000", "since=9999-12-31T23:59:59-05:00", "until=0001-01-01T00:00:00%2B05:00", "since=yesterday"],
+)
 def test_a_huge_page_or_an_out_of_range_time_is_a_400_page(setup, query):
     client, keys = setup
     login(client, keys["red"])

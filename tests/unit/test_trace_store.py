@@ -10,10 +10,17 @@ from traces.writer import TraceWriter
 
 
 def record(i: int, **kw) -> dict:
-    return {"trace_id": f"tr-{i}", "gen_ai_operation_name": "chat", "gen_ai_request_model": "tiny",
-            "prompt_token_ids": [1, 2, i], "completion_token_ids": [7, 8],
-            "completion_logprobs": [-0.5, -1.25], "time_received": datetime.now(timezone.utc),
-            "http_status": 200, **kw}
+    return {
+        "trace_id": f"tr-{i}",
+        "gen_ai_operation_name": "chat",
+        "gen_ai_request_model": "tiny",
+        "prompt_token_ids": [1, 2, i],
+        "completion_token_ids": [7, 8],
+        "completion_logprobs": [-0.5, -1.25],
+        "time_received": datetime.now(timezone.utc),
+        "http_status": 200,
+        **kw,
+    }
 
 
 def test_an_empty_store_answers_queries_with_typed_columns(tmp_path):
@@ -30,10 +37,16 @@ def test_records_round_trip_exactly_through_parquet(tmp_path):
     writer.flush()
     store = TraceStore(tmp_path)
     assert store.count() == 7
-    rows = store.sql("SELECT trace_id, prompt_token_ids, completion_logprobs, schema_version, model "
-                     "FROM traces_full ORDER BY trace_id").to_pylist()
-    assert rows[3] == {"trace_id": "tr-3", "prompt_token_ids": [1, 2, 3],
-                       "completion_logprobs": [-0.5, -1.25], "schema_version": SCHEMA_VERSION, "model": "tiny"}
+    rows = store.sql(
+        "SELECT trace_id, prompt_token_ids, completion_logprobs, schema_version, model FROM traces_full ORDER BY trace_id"
+    ).to_pylist()
+    assert rows[3] == {
+        "trace_id": "tr-3",
+        "prompt_token_ids": [1, 2, 3],
+        "completion_logprobs": [-0.5, -1.25],
+        "schema_version": SCHEMA_VERSION,
+        "model": "tiny",
+    }
     by_team = store.sql("SELECT team, count(*) AS n FROM traces GROUP BY team ORDER BY team")
     assert by_team.to_pylist() == [{"team": "a", "n": 3}, {"team": "b", "n": 4}]
     writer.close()
@@ -53,6 +66,7 @@ def test_unflushed_records_reach_parquet_by_age(tmp_path):
     writer = TraceWriter(tmp_path, "gw", max_age_s=0.2)
     writer.submit(record(1))
     import time
+
     deadline = time.monotonic() + 5
     while TraceStore(tmp_path).count() == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -73,12 +87,16 @@ def test_schema_v1_files_stay_readable_next_to_current_ones(tmp_path):
     v1 = pa.schema(v1_fields + [pa.field("prompt_token_ids", pa.list_(pa.int32()))])
     legacy = tmp_path / "date=2026-11-28"
     legacy.mkdir()
-    pq.write_table(pa.Table.from_pylist([{**record(100), "schema_version": 1}], schema=v1),
-                   legacy / "part-1.parquet")
+    pq.write_table(pa.Table.from_pylist([{**record(100), "schema_version": 1}], schema=v1), legacy / "part-1.parquet")
     writer = TraceWriter(tmp_path, "gw")
     writer.submit(record(1))
     writer.close()
-    rows = TraceStore(tmp_path).sql(
-        "SELECT trace_id, schema_version, prompt_token_ids FROM traces_full ORDER BY trace_id").to_pylist()
-    assert rows == [{"trace_id": "tr-1", "schema_version": SCHEMA_VERSION, "prompt_token_ids": [1, 2, 1]},
-                    {"trace_id": "tr-100", "schema_version": 1, "prompt_token_ids": [1, 2, 100]}]
+    rows = (
+        TraceStore(tmp_path)
+        .sql("SELECT trace_id, schema_version, prompt_token_ids FROM traces_full ORDER BY trace_id")
+        .to_pylist()
+    )
+    assert rows == [
+        {"trace_id": "tr-1", "schema_version": SCHEMA_VERSION, "prompt_token_ids": [1, 2, 1]},
+        {"trace_id": "tr-100", "schema_version": 1, "prompt_token_ids": [1, 2, 100]},
+    ]

@@ -14,8 +14,12 @@ from serve.app import create_app
 from serve.config import BreakerConfig, Deployment, GatewayConfig, ModelRoute
 from traces.store import TraceStore
 
-GOOD = {"id": "c1", "object": "chat.completion.chunk", "model": "tiny",
-        "choices": [{"index": 0, "delta": {"content": "hel"}, "finish_reason": None}]}
+GOOD = {
+    "id": "c1",
+    "object": "chat.completion.chunk",
+    "model": "tiny",
+    "choices": [{"index": 0, "delta": {"content": "hel"}, "finish_reason": None}],
+}
 
 
 class _Malformed(BaseHTTPRequestHandler):
@@ -24,7 +28,7 @@ class _Malformed(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
-        self.wfile.write(f"data: {json.dumps(GOOD)}\n\ndata: {{\"choices\": [tru\n\n".encode())
+        self.wfile.write(f'data: {json.dumps(GOOD)}\n\ndata: {{"choices": [tru\n\n'.encode())
         self.wfile.flush()
 
     def log_message(self, *args):
@@ -48,13 +52,18 @@ def _metric(text: str, name: str, **labels) -> float:
 
 
 def test_a_malformed_stream_event_is_the_deployments_failure_everywhere(upstream, tmp_path):
-    cfg = GatewayConfig(deployments=[Deployment(name="d", url=upstream)],
-                        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
-                        breaker=BreakerConfig(min_requests=1, error_rate=0.5, open_s=60),
-                        traces_dir=str(tmp_path / "traces"))
+    cfg = GatewayConfig(
+        deployments=[Deployment(name="d", url=upstream)],
+        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+        breaker=BreakerConfig(min_requests=1, error_rate=0.5, open_s=60),
+        traces_dir=str(tmp_path / "traces"),
+    )
     with TestClient(create_app(cfg)) as client:
-        with client.stream("POST", "/v1/chat/completions", json={
-                "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}) as r:
+        with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        ) as r:
             events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data: {")]
         assert events[0]["choices"][0]["delta"]["content"] == "hel"  # what came before is relayed
         assert "malformed" in events[-1]["error"]["message"] and events[-1]["error"]["type"] == "server_error"

@@ -43,6 +43,7 @@ def test_a_connection_reset_right_after_connect_is_the_transports_error_not_ours
 
     class ResetAfterConnect(httpcore.AsyncNetworkStream):
         """What anyio's stream does once the peer reset it: its extras fail, its reads raise."""
+
         def get_extra_info(self, info):
             raise AttributeError("'NoneType' object has no attribute 'getpeername'")
 

@@ -34,6 +34,7 @@ async def _read_request(reader) -> bytes:
 
 def _body_of(handler, pool: UpstreamPool) -> bytes:
     """What ``pool`` reads of one response from a server that answers with ``handler``."""
+
     async def main():
         url, server, _ = await _serve(handler)
         try:
@@ -82,7 +83,7 @@ def test_a_stream_in_small_pieces_arrives_as_whole_lines_over_one_kept_alive_con
 def test_a_body_that_ends_with_the_connection_is_read_to_its_end():
     async def handler(reader, writer):
         await _read_request(reader)
-        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{\"ok\": ")
+        writer.write(b'HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{"ok": ')
         await writer.drain()
         writer.write(b"true}")
         await writer.drain()

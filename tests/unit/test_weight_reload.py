@@ -24,11 +24,12 @@ def checkpoint(path, layers=4):
 @pytest.fixture
 def deployment(tmp_path):
     base, new = checkpoint(tmp_path / "base"), checkpoint(tmp_path / "new")
-    dep = Deployment(name="d", url="http://frontend", model_path=base,
-                     admin_urls=["http://w0", "http://w1"])
+    dep = Deployment(name="d", url="http://frontend", model_path=base, admin_urls=["http://w0", "http://w1"])
     config = GatewayConfig(deployments=[dep])
-    routes = {"tiny": ModelRoute(deployment="d", upstream_model="tiny"),
-              "tiny-lora": ModelRoute(deployment="d", upstream_model="a", lora_path=str(tmp_path))}
+    routes = {
+        "tiny": ModelRoute(deployment="d", upstream_model="tiny"),
+        "tiny-lora": ModelRoute(deployment="d", upstream_model="a", lora_path=str(tmp_path)),
+    }
     return dep, routes, FullWeights(config, routes), base, new
 
 
@@ -68,7 +69,7 @@ def test_a_reload_that_works_everywhere_records_its_version_on_base_aliases_only
     assert [r.ok for r in results] == [True, True]
     assert routes["tiny"].checkpoint_version == "step_9" and routes["tiny"].weight_dir == new
     assert routes["tiny-lora"].checkpoint_version == "base"  # an adapter's version is its own
-    assert routes["tiny-lora"].weight_dir == new                # but it runs over the new weights
+    assert routes["tiny-lora"].weight_dir == new  # but it runs over the new weights
     paths = [p for _, p, _ in calls]
     assert paths.count(PAUSE) == 2 and paths.count(UPDATE) == 2 and paths.count(RESUME) == 2
     assert paths.index(RESUME) > max(i for i, p in enumerate(paths) if p == UPDATE)

@@ -32,5 +32,5 @@ def test_only_the_exact_answer_scores_one_and_the_shaping_part_stays_below_it():
     assert wordops.exact(task, " dict pop next") == 1.0
     assert wordops.exact(task, "dict pop next extra") == 0.0
     assert wordops.overlap(task, "dict pop") == 2 / 3
-    assert wordops.overlap(task, "dict pop next extra") == 2 / 3     # an extra word costs one
+    assert wordops.overlap(task, "dict pop next extra") == 2 / 3  # an extra word costs one
     assert wordops.overlap(task, None) == 0.0
