@@ -81,6 +81,32 @@ def _tokenizer(model_path: str):
     return Tokenizer.from_file(str(path)) if path.exists() else None
 
 
+@functools.lru_cache(maxsize=8)
+def _chat_template(model_path: str):
+    """The deployment's tokenizer with its chat template, as transformers loads it (None when it
+    has none): the engine's prompt is that template rendered, tools included."""
+    try:
+        from transformers import PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast.from_pretrained(model_path)
+    except (OSError, ValueError):
+        return None
+    return tok if tok.chat_template else None
+
+
+def _rendered(body: dict, model_path: str) -> list[str] | None:
+    """A chat request with tools as the engine will see it: the template renders every tool's
+    schema into the prompt, where the messages alone leave them uncounted (120 tools once passed
+    this check and the engine refused the request, a 502 instead of this 400)."""
+    template = _chat_template(model_path)
+    if template is None:
+        return None
+    try:
+        return [template.apply_chat_template(body["messages"], tools=body["tools"], tokenize=False, add_generation_prompt=True)]
+    except Exception:  # a template that cannot render this request: count the messages, the engine decides
+        return None
+
+
 def check_text(body: dict, max_model_len: int, model_path: str | None) -> None:
     """Tokenize a long text prompt (call off the event loop) and refuse it if it cannot fit.
 
@@ -91,7 +117,10 @@ def check_text(body: dict, max_model_len: int, model_path: str | None) -> None:
     if tok is None:  # no tokenizer to count with: the engine decides
         return
     wanted = body.get("max_completion_tokens") or body.get("max_tokens") or 1
-    prompt_len, slices, whole = 0, _slices(prompt_texts(body)), True
+    texts = (
+        _rendered(body, model_path) if body.get("tools") and isinstance(body.get("messages"), list) else None
+    ) or prompt_texts(body)
+    prompt_len, slices, whole = 0, _slices(texts), True
     for batch, cuts in slices:
         # a cut adds at most one token (a SentencePiece word start) and none for byte-level BPE,
         # whose merges never cross whitespace: less one per cut keeps the count a lower bound

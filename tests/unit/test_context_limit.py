@@ -1,11 +1,15 @@
 """Counting a long text prompt against the context: a slice at a time, stopping once it is over,
 and never more than the prompt's true count (what is refused cannot fit)."""
 
+from pathlib import Path
+
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from serve.context_limit import SLICE_CHARS, _pieces, check_text
 from serve.errors import APIError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -37,3 +41,33 @@ def test_a_single_long_text_is_cut_at_whitespace_and_its_count_stays_a_lower_bou
 def test_a_long_stretch_without_whitespace_stays_one_piece():
     text = "x" * (3 * SLICE_CHARS) + " tail"
     assert _pieces(text) == ["x" * (3 * SLICE_CHARS), " tail"]
+
+
+def test_tools_the_chat_template_renders_into_the_prompt_count_against_the_context(tmp_path):
+    """Many tools with short messages: the rendered prompt (what the engine tokenizes) is over the
+    context, so the gateway answers 400 context_length_exceeded instead of passing on a request
+    the engine refuses."""
+    import json
+
+    from serve.context_limit import _chat_template
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "word", "<|system|>", "<|user|>", "<|assistant|>"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    template = (ROOT / "deploy" / "models" / "chat_template.jinja").read_text()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "unk_token": "[UNK]"}))
+    _chat_template.cache_clear()
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"t{i}", "description": "word " * 20, "parameters": {"type": "object", "properties": {}}},
+        }
+        for i in range(120)
+    ]
+    short = {"messages": [{"role": "user", "content": "word word"}], "max_tokens": 1}
+    check_text(short, 2048, str(tmp_path))  # the messages alone fit
+    with pytest.raises(APIError) as refused:
+        check_text({**short, "tools": tools}, 2048, str(tmp_path))
+    assert refused.value.code == "context_length_exceeded"
+    check_text({**short, "tools": tools[:2]}, 2048, str(tmp_path))  # a few tools still fit
