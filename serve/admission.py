@@ -25,12 +25,13 @@ from dataclasses import dataclass
 
 from serve import json_codec
 from serve.batch.lanes import InteractiveSignal
-from serve.config import GatewayConfig, Price
+from serve.config import GatewayConfig, Price, TeamLimits
 from serve.errors import APIError, CapacityExceeded
 from serve.ledger import Ledger, Reservation, Want, reserve_together, settle_together
 from serve.shared_state import SharedState
 
 NO_LIMIT = -1
+RATE_WINDOW_S = 60.0  # rpm and tpm count what was admitted in the last minute
 
 
 def _rid(kind: str) -> str:
@@ -73,6 +74,7 @@ class Admitted:
     prompt_tokens: int = 0  # the worst cases the reservations were made for
     completion_tokens: int = 0
     batch_lease: Reservation | None = None
+    running: Reservation | None = None  # the team's slot under gateway.limits.<team>.max_concurrent
     discount: float = 0.0  # off the price: a batch line's
 
     @property
@@ -87,14 +89,17 @@ class Admission:
         self.leases = Ledger(state, "fw:lease", a.lease_ttl_s)
         self.batch_leases = Ledger(state, "fw:batch-lease", a.lease_ttl_s)
         self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s, persist=config.spend_file)
+        # a request's rate-limit reservation is never settled: it lapses a minute after admission,
+        # so the live ones are the sliding window rpm and tpm count
+        self.rates = Ledger(state, "fw:rate", RATE_WINDOW_S)
+        self.running = Ledger(state, "fw:running", a.lease_ttl_s)
         self._waiting: dict[str, int] = {}
         self.interactive = InteractiveSignal(state, config.batch.interactive_hold_s)
 
     def look(self) -> None:
         """Refresh what each ledger last saw of the shared state (see :meth:`Ledger.look`)."""
-        self.leases.look()
-        self.batch_leases.look()
-        self.budgets.look()
+        for ledger in (self.leases, self.batch_leases, self.budgets, self.rates, self.running):
+            ledger.look()
 
     async def admit(
         self, deployment: str, team: str, model: str, body: dict, batch: bool = False, worst: tuple[int, int] | None = None
@@ -104,16 +109,22 @@ class Admission:
         price = self.config.prices.get(model)
         discount = price.batch_discount if (batch and price) else 0.0
         budget_want = self._budget_want(team, price, prompt, completion, discount)
+        running_want = None if batch else self._running_want(team)
         if not batch:
             self.interactive.seen(model)  # batch lines make room (serve/batch/lanes.py)
             lease_want = self._lease_want(deployment, prompt + completion)
-            wants = [w for w in (budget_want, lease_want) if w is not None]
+            wants = [w for w in (budget_want, running_want, lease_want) if w is not None]
             got = reserve_together(wants)  # the usual case: budget and a free slot, one round trip
             if not isinstance(got, int):
-                return Admitted(got[-1] if lease_want else None, got[0] if budget_want else None, prompt, completion)
+                held = dict(zip(map(id, wants), got))
+                return Admitted(
+                    held.get(id(lease_want)), held.get(id(budget_want)), prompt, completion, running=held.get(id(running_want))
+                )
             if wants[got] is budget_want:
                 raise self._no_budget(team, prompt + completion, budget_want.b)
-        budget = self._reserve_budget(team, budget_want)  # then wait in the queue for a slot
+            if wants[got] is running_want:
+                raise self._too_many_running(team)
+        budget, running = self._reserve_team(team, budget_want, running_want)  # then wait in the queue for a slot
         batch_lease = lease = None
         try:
             if batch:
@@ -124,11 +135,88 @@ class Admission:
             else:
                 lease = await self._lease(deployment, prompt + completion)
         except BaseException:
-            for res, ledger in ((budget, self.budgets), (batch_lease, self.batch_leases)):
+            for res, ledger in ((budget, self.budgets), (batch_lease, self.batch_leases), (running, self.running)):
                 if res is not None:
                     ledger.settle(res)
             raise
-        return Admitted(lease, budget, prompt, completion, batch_lease, discount)
+        return Admitted(lease, budget, prompt, completion, batch_lease, running=running, discount=discount)
+
+    def rate_limit(self, team: str, worst: tuple[int, int]) -> dict[str, str]:
+        """Count one request and its tokens (prompt + completion maximum) against the team's
+        ``rpm`` and ``tpm``: the headers OpenAI sends, or 429 ``rate_limit_exceeded`` with a
+        ``Retry-After``. Once per request, before any deployment is tried."""
+        limits = self.config.limits.get(team)
+        if limits is None or (limits.rpm is None and limits.tpm is None):
+            return {}
+        tokens = sum(worst)
+        lim_n = limits.rpm if limits.rpm is not None else NO_LIMIT
+        lim_a = limits.tpm if limits.tpm is not None else NO_LIMIT
+        if self.rates.reserve(team, _rid("r-"), tokens, 0, (lim_n, lim_a, NO_LIMIT)) is None:
+            n, used = self.rates.used(team)
+            wait = max(1, math.ceil(self.rates.first_lapse_s(team)))
+            what = ("requests", f"requests per min (RPM): Limit {limits.rpm}, Used {n:.0f}, Requested 1")
+            if limits.rpm is None or n < limits.rpm:
+                what = ("tokens", f"tokens per min (TPM): Limit {limits.tpm}, Used {used:.0f}, Requested {tokens}")
+            err = APIError(
+                429,
+                f"Rate limit reached for team {team!r} on {what[1]}. Please try again in {wait}s.",
+                type=what[0],
+                code="rate_limit_exceeded",
+            )
+            err.headers = {"Retry-After": str(wait), **self._rate_headers(limits, team)}
+            raise err
+        return self._rate_headers(limits, team)
+
+    def _rate_headers(self, limits: TeamLimits, team: str) -> dict[str, str]:
+        n, used = self.rates.used(team)
+        headers = {}
+        # the window is a minute long and the newest request is in it: all of it is free a minute on
+        if limits.rpm is not None:
+            headers.update(
+                {
+                    "x-ratelimit-limit-requests": str(limits.rpm),
+                    "x-ratelimit-remaining-requests": str(max(0, limits.rpm - int(n))),
+                    "x-ratelimit-reset-requests": f"{RATE_WINDOW_S:g}s",
+                }
+            )
+        if limits.tpm is not None:
+            headers.update(
+                {
+                    "x-ratelimit-limit-tokens": str(limits.tpm),
+                    "x-ratelimit-remaining-tokens": str(max(0, limits.tpm - int(used))),
+                    "x-ratelimit-reset-tokens": f"{RATE_WINDOW_S:g}s",
+                }
+            )
+        return headers
+
+    def _running_want(self, team: str) -> Want | None:
+        limits = self.config.limits.get(team)
+        if limits is None or limits.max_concurrent is None:
+            return None
+        return Want(self.running, team, _rid("c-"), 0, 0, (limits.max_concurrent, NO_LIMIT, NO_LIMIT))
+
+    def _reserve_team(self, team: str, budget_want: Want | None, running_want: Want | None):
+        """The team's budget and running slot, both or neither (a request queued for a slot holds them)."""
+        wants = [w for w in (budget_want, running_want) if w is not None]
+        got = reserve_together(wants)
+        if isinstance(got, int):
+            if wants[got] is budget_want:
+                raise self._no_budget(team, budget_want.a, budget_want.b)
+            raise self._too_many_running(team)
+        held = dict(zip(map(id, wants), got))
+        return held.get(id(budget_want)), held.get(id(running_want))
+
+    def _too_many_running(self, team: str) -> APIError:
+        limit = self.config.limits[team].max_concurrent
+        err = APIError(
+            429,
+            f"team {team!r} has {limit} request(s) in flight, its limit "
+            "(gateway.limits.<team>.max_concurrent); retry when one finishes",
+            type="requests",
+            code="rate_limit_exceeded",
+        )
+        err.headers = {"Retry-After": "1"}
+        return err
 
     def _batch_lease(self, deployment: str, tokens: int) -> Reservation | None:
         """A batch line's slot in the batch share; none while an interactive request waits."""
@@ -162,7 +250,7 @@ class Admission:
         cost_micro = math.ceil(cost_micro * (1 - discount))
         return Want(
             self.budgets,
-            team,
+            limit.ledger(team),
             _rid("b-"),
             prompt + completion,
             cost_micro,
@@ -172,14 +260,6 @@ class Admission:
                 limit.usd * 1e6 if limit.usd is not None else NO_LIMIT,
             ),
         )
-
-    def _reserve_budget(self, team: str, want: Want | None) -> Reservation | None:
-        if want is None:
-            return None
-        res = self.budgets.reserve(want.name, want.rid, want.a, want.b, want.limits)
-        if res is None:
-            raise self._no_budget(team, want.a, want.b)
-        return res
 
     @staticmethod
     def _no_budget(team: str, tokens: int, cost_micro: int) -> APIError:
@@ -224,6 +304,7 @@ class Admission:
             (admitted.lease, self.leases),
             (admitted.budget, self.budgets),
             (admitted.batch_lease, self.batch_leases),
+            (admitted.running, self.running),
         ):
             if res is not None:
                 ledger.renew(res)
@@ -233,9 +314,10 @@ class Admission:
         usage was reported (a stream cut short) is charged its reserved prompt and the
         ``produced`` completion tokens; one that produced nothing, nothing. Idempotent: a second
         call (an error path after the request was settled) changes nothing."""
-        lease, res, batch_lease = admitted.lease, admitted.budget, admitted.batch_lease
-        admitted.lease = admitted.budget = admitted.batch_lease = None
-        settles = [(ledger, r, 0, 0) for ledger, r in ((self.leases, lease), (self.batch_leases, batch_lease)) if r is not None]
+        lease, res, batch_lease, running = admitted.lease, admitted.budget, admitted.batch_lease, admitted.running
+        admitted.lease = admitted.budget = admitted.batch_lease = admitted.running = None
+        held = ((self.leases, lease), (self.batch_leases, batch_lease), (self.running, running))
+        settles = [(ledger, r, 0, 0) for ledger, r in held if r is not None]
         if res is not None:
             cached = 0
             if usage:
@@ -250,8 +332,8 @@ class Admission:
         settle_together(settles)  # one round trip for all of them
 
     def usage(self, team: str) -> dict:
-        t = self.budgets.totals(team)
         limit = self.config.budgets.get(team)
+        t = self.budgets.totals(limit.ledger(team) if limit else team)
         return {
             "team": team,
             "spent_tokens": int(t.spent_a),

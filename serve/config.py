@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -97,6 +98,25 @@ class BreakerConfig(StrictModel):
 class Budget(StrictModel):
     tokens: int | None = None
     usd: float | None = None
+    period: Literal["day", "month", "total"] = Field(
+        "total", description="the spend a limit counts: today's, this month's (UTC) or all of it"
+    )
+
+    def ledger(self, team: str, now: float | None = None) -> str:
+        """The spend ledger this budget counts now: one per UTC day or month, or one in all."""
+        if self.period == "total":
+            return team
+        day = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+        return f"{team}@{day:%Y-%m-%d}" if self.period == "day" else f"{team}@{day:%Y-%m}"
+
+
+class TeamLimits(StrictModel):
+    """A team's serverless rate limits, as OpenAI's: requests and tokens per minute (a request's
+    tokens counted as its prompt plus ``max_tokens`` when it is admitted) and requests at once."""
+
+    rpm: int | None = Field(None, ge=0, description="requests per minute (a sliding 60 s window)")
+    tpm: int | None = Field(None, ge=0, description="tokens per minute: prompt + max_tokens, at admission")
+    max_concurrent: int | None = Field(None, ge=0, description="requests in flight at once")
 
 
 class Price(StrictModel):
@@ -238,6 +258,9 @@ class GatewayConfig(StrictModel):
     admission: AdmissionConfig = AdmissionConfig()
     breaker: BreakerConfig = BreakerConfig()
     budgets: dict[str, Budget] = Field(default_factory=dict, description="team -> spend limit")
+    limits: dict[str, TeamLimits] = Field(
+        default_factory=dict, description="team -> serverless rate limits (rpm, tpm, max_concurrent)"
+    )
     spend_file: str | None = Field(None, description="without Redis: where this replica keeps each team's spend across restarts")
     prices: dict[str, Price] = Field(default_factory=dict, description="model alias -> price per 1M tokens")
     batch: BatchConfig = BatchConfig()

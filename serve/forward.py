@@ -87,6 +87,12 @@ class Forwarder:
         grammar = await self.turns.run(ctx.team, grammar_for, tool_req, self.config.tools.layout) if tool_req else None
         rewrite = Rewrite(body, operation, route.upstream_model, grammar, ctx.prompt_json, ctx.team, admin=ctx.admin)
         headers = {"X-Trace-ID": ctx.trace_id}
+        if ctx.batch_id is None:  # batch lines have their own lane (serve/batch/lanes.py)
+            try:
+                headers.update(self.admission.rate_limit(ctx.team, worst))
+            except APIError as err:
+                await self._refused(ctx, capture, err)
+                raise
         last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)", type="server_error")
         last_outcome = Outcome.REJECTED
         for dep_name in self.chooser.order(route, ctx.scoped_session):
@@ -101,9 +107,7 @@ class Forwarder:
                 last_error, last_outcome = err, Outcome.REJECTED
                 continue
             except APIError as err:
-                self.metrics.rejected(ctx.alias, ctx.team, err.status)
-                self.metrics.outcome("", Outcome.REJECTED.value)
-                await self.settler.durable(capture.record(err.status, err.message, Outcome.REJECTED))
+                await self._refused(ctx, capture, err)
                 raise
             self.metrics.admission_wait.observe(time.monotonic() - t_wait)
             if admitted.reserved and not (body.get("max_tokens") or body.get("max_completion_tokens")):
@@ -134,6 +138,12 @@ class Forwarder:
         await self.settler.durable(capture.record(last_error.status, last_error.message, last_outcome))
         self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
         raise last_error
+
+    async def _refused(self, ctx: RequestContext, capture: Capture, err: APIError) -> None:
+        """A request the gateway refused before any deployment saw it: counted and traced."""
+        self.metrics.rejected(ctx.alias, ctx.team, err.status)
+        self.metrics.outcome("", Outcome.REJECTED.value)
+        await self.settler.durable(capture.record(err.status, err.message, Outcome.REJECTED))
 
     async def _tools(self, body: dict, team: str | None):
         """The request's tools, checked: tools already seen on the loop, new ones (~4 ms a
