@@ -342,6 +342,7 @@ class Admission:
             "in_flight": t.live,
             "limit_tokens": limit.tokens if limit else None,
             "limit_usd": limit.usd if limit else None,
+            "period": limit.period if limit else None,
         }
 
     def leases_held(self, deployment: str) -> tuple[int, int]:

@@ -102,7 +102,7 @@ def test_a_daily_budget_counts_todays_spend_and_starts_afresh_the_next_day(state
     async def go():
         spent = await adm.admit("d1", "red", "tiny", BODY)
         adm.release(spent, "tiny", {"prompt_tokens": 20, "completion_tokens": 100})
-        assert adm.usage("red")["spent_tokens"] == 120
+        assert adm.usage("red")["spent_tokens"] == 120 and adm.usage("red")["period"] == "day"
         with pytest.raises(APIError) as refused:
             await adm.admit("d1", "red", "tiny", {**BODY, "max_tokens": 200})  # 120 + ~215 > 250
         assert refused.value.code == "insufficient_quota"
