@@ -69,6 +69,12 @@ def own_batch(batch_id: str, request: Request, gw: GatewayParts = Depends(parts)
     return batch
 
 
+def _callable_models(gw: GatewayParts, caller: Caller) -> set[str]:
+    """The aliases the caller's team may call: another team's private alias is, to a batch line
+    as to a chat request, a model that does not exist (a line accepted for it would say it does)."""
+    return {alias for alias, route in gw.routes.items() if route.serves(caller.team, caller.admin)}
+
+
 def file_view(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k != "team"}
 
@@ -157,7 +163,7 @@ async def create_batch(request: Request, gw: GatewayParts = Depends(parts)):
     data = await asyncio.to_thread(gw.files.content, req.input_file_id)
     try:
         good, refused = await asyncio.to_thread(
-            check_lines, data, req.endpoint, set(gw.forwarder.routes), gw.config.batch.max_lines
+            check_lines, data, req.endpoint, _callable_models(gw, caller), gw.config.batch.max_lines
         )
     except ValueError as exc:
         raise APIError(400, str(exc), param="input_file_id") from None

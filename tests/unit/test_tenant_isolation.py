@@ -77,3 +77,27 @@ def test_the_same_session_id_from_two_teams_is_two_sessions(gateway, recording_u
             == 200
         )
     assert [s.headers["x-dynamo-session-id"] for s in recording_upstream.seen] == ["red/s-1", "blue/s-1"]
+
+
+def test_a_batch_line_for_another_teams_adapter_is_refused_as_a_model_that_does_not_exist(gateway):
+    """As in chat: red's line for blue's private alias is `model_not_found` at create, the same
+    answer as for a name nobody has, so a batch cannot probe which aliases other teams hold."""
+    client, h = gateway
+
+    def batch_of(headers, model: str) -> dict:
+        line = {"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": model, **CHAT}}
+        upload = client.post(
+            "/v1/files", headers=headers, data={"purpose": "batch"}, files={"file": ("in.jsonl", json.dumps(line).encode())}
+        )
+        created = client.post(
+            "/v1/batches",
+            headers=headers,
+            json={"input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        )
+        return created.json()
+
+    for model in ("blue-sft", "no-such-model"):
+        refused = batch_of(h["red"], model)
+        assert refused["status"] == "failed", refused
+        assert [e["code"] for e in refused["errors"]["data"]] == ["model_not_found"]
+    assert batch_of(h["blue"], "blue-sft")["status"] == "in_progress"
