@@ -195,15 +195,10 @@ class Loop:
         return {"version": trained["version"]}
 
     def _base(self) -> tuple[Path, str]:
-        """The warmed base checkpoint (built once per recipe), registered as a full checkpoint."""
-        from deploy.models.warm_model import WarmupRecipe, warm_up
+        """The warmed base checkpoint the CLI handed over, registered as a full checkpoint."""
         from feedback.registry import BASE
 
-        recipe = WarmupRecipe()
-        warm = self.home / "models" / f"tiny-warm-{recipe.key()[:8]}"
-        with self.report.phase("base: the tiny model's warm-up (once per recipe)"):
-            warm_up(self.target.base_model, warm, recipe, progress=self.report.progress("warm-up"))
-        version = f"warm-{recipe.key()[:8]}"
+        warm, version = self.target.warm_base, self.target.warm_version
         if version not in {c.version for c in self.registry.list()}:
             self.registry.register(
                 version,

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from deploy.cli.common import ProfileOpt, SetOpt, _config, console
 from deploy.stack.config import StackConfig, _parse_value
 from loop.config import LoopConfig
+from loop.report import Reporter
 from loop.target import LoopTarget
 
 
@@ -34,14 +35,20 @@ def team_key(cfg: StackConfig, team: str = "demo") -> str:
     return path.read_text().strip()
 
 
-def loop_target(cfg: StackConfig, key: str) -> LoopTarget:
-    """What the loop is handed, for this stack and a live team key of it."""
+def loop_target(cfg: StackConfig, key: str, report: Reporter) -> LoopTarget:
+    """What the loop is handed, for this stack and a live team key of it; the base's warm-up is
+    made here (once per recipe), so the loop only trains from it."""
+    from deploy.models.warm_model import WarmupRecipe, warm_up
     from serve.keys import KeyStore
 
     gw = cfg.resolved_gateway()
     owner = KeyStore(gw.keys_file).lookup(key) if gw.keys_file else None
     if owner is None or owner.revoked:
         raise ValueError("the loop's key is not a live team key of this stack")
+    recipe = WarmupRecipe()
+    warm = cfg.home_path / "models" / f"tiny-warm-{recipe.key()[:8]}"
+    with report.phase("base: the tiny model's warm-up (once per recipe)"):
+        warm_up(cfg.model_path, warm, recipe, progress=report.progress("warm-up"))
     return LoopTarget(
         gateway_url=gw.url,
         key=key,
@@ -51,6 +58,8 @@ def loop_target(cfg: StackConfig, key: str) -> LoopTarget:
         alias=cfg.worker.served_model_name,
         deployment=cfg.deployment_name,
         base_model=cfg.model_path,
+        warm_base=warm,
+        warm_version=f"warm-{recipe.key()[:8]}",
         home=cfg.home_path,
         traces=cfg.traces_path,
         registry=Path(gw.checkpoints_file),
@@ -65,7 +74,6 @@ def run_loop(
     from deploy.stack.launcher import down, status, up
     from envs.vf_run import flat_alias
     from loop.phases import Loop
-    from loop.report import Reporter
     from loop.state import LoopState
 
     lc = lc or cfg.loop
@@ -80,7 +88,7 @@ def run_loop(
             started_here = True
     try:
         state = state or LoopState.open(cfg.home_path, None, lc)
-        target = loop_target(cfg, team_key(cfg))
+        target = loop_target(cfg, team_key(cfg), report)
         turns = Loop(target, state, report).run()
         plot = cfg.home_path / f"loop-{state.run_id}.png"
         report.plot(turns, plot, state.config)

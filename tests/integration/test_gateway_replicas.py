@@ -14,7 +14,7 @@ import pytest
 from deploy.stack.config import load_config
 from deploy.stack.launcher import components
 from deploy.stack.processes import Component, ProcessManager
-from serve.config import Budget, Capacity, Deployment, GatewayConfig, ModelRoute
+from serve.config import Budget, Capacity, Deployment, GatewayConfig, ModelRoute, TeamLimits
 from serve.keys import KeyStore
 from tests.conftest import RedisServer
 
@@ -57,6 +57,7 @@ def ha(tmp_path_factory):
     _, team_key = keys.create("budgeted")
     _, roomy_key = keys.create("roomy")
     _, patient_key = keys.create("patient")
+    _, limited_key = keys.create("limited")
     gw_cfg = GatewayConfig(
         deployments=[Deployment(name=n, url=c.frontend_url) for n, (c, _) in deps.items()],
         models={
@@ -75,6 +76,7 @@ def ha(tmp_path_factory):
         # a first byte within 1 s, but a unary body may take longer than that (and than the TTL)
         first_token_timeout_s=1.0,
         budgets={"budgeted": Budget(tokens=1000), "roomy": Budget(tokens=30_000), "patient": Budget(tokens=5_000)},
+        limits={"limited": TeamLimits(rpm=10)},
     )
     pm = ProcessManager(tmp / "gw")
     urls = []
@@ -100,6 +102,7 @@ def ha(tmp_path_factory):
         "tmp": tmp,
         "roomy_key": roomy_key,
         "patient_key": patient_key,
+        "limited_key": limited_key,
         "config": gw_cfg,
     }
     for name in ("gateway-0", "gateway-1"):
@@ -137,6 +140,18 @@ def test_fifty_concurrent_requests_never_overspend_a_nearly_exhausted_budget(ha)
     served = sum(r.json()["usage"]["total_tokens"] for r in ok)
     assert usage["spent_tokens"] == served <= 1000
     print(f"\nbudget 1000 tokens: {len(ok)} served ({served} tokens), {len(refused)} refused")
+
+
+def test_of_three_times_a_teams_rpm_sent_at_once_through_both_replicas_exactly_the_limit_is_served(ha):
+    key = ha["limited_key"]
+    with ThreadPoolExecutor(15) as pool:
+        results = list(pool.map(lambda i: chat(ha["urls"][i % 2], model="tiny-b", key=key), range(30)))
+    ok = [r for r in results if r.status_code == 200]
+    refused = [r for r in results if r.status_code == 429]
+    assert (len(ok), len(refused)) == (10, 20), [r.status_code for r in results]
+    assert all(r.json()["error"]["code"] == "rate_limit_exceeded" and int(r.headers["retry-after"]) >= 1 for r in refused)
+    assert sorted(int(r.headers["x-ratelimit-remaining-requests"]) for r in ok) == list(range(10))
+    assert chat(ha["urls"][0], model="tiny-b", key=ha["roomy_key"]).status_code == 200  # another team is not limited
 
 
 def test_two_hundred_concurrent_requests_without_max_tokens_never_overspend(ha):
