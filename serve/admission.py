@@ -28,6 +28,7 @@ from serve.batch.lanes import InteractiveSignal
 from serve.config import GatewayConfig, Price, TeamLimits
 from serve.errors import APIError, CapacityExceeded
 from serve.ledger import Ledger, Reservation, Want, reserve_together, settle_together
+from serve.rate_window import RateWindow, WindowCheck
 from serve.shared_state import SharedState
 
 NO_LIMIT = -1
@@ -89,16 +90,14 @@ class Admission:
         self.leases = Ledger(state, "fw:lease", a.lease_ttl_s)
         self.batch_leases = Ledger(state, "fw:batch-lease", a.lease_ttl_s)
         self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s, persist=config.spend_file)
-        # a request's rate-limit reservation is never settled: it lapses a minute after admission,
-        # so the live ones are the sliding window rpm and tpm count
-        self.rates = Ledger(state, "fw:rate", RATE_WINDOW_S)
+        self.rates = RateWindow(state, "fw:rate", RATE_WINDOW_S)
         self.running = Ledger(state, "fw:running", a.lease_ttl_s)
         self._waiting: dict[str, int] = {}
         self.interactive = InteractiveSignal(state, config.batch.interactive_hold_s)
 
     def look(self) -> None:
         """Refresh what each ledger last saw of the shared state (see :meth:`Ledger.look`)."""
-        for ledger in (self.leases, self.batch_leases, self.budgets, self.rates, self.running):
+        for ledger in (self.leases, self.batch_leases, self.budgets, self.running):
             ledger.look()
 
     async def admit(
@@ -149,44 +148,40 @@ class Admission:
         if limits is None or (limits.rpm is None and limits.tpm is None):
             return {}
         tokens = sum(worst)
-        lim_n = limits.rpm if limits.rpm is not None else NO_LIMIT
-        lim_a = limits.tpm if limits.tpm is not None else NO_LIMIT
-        if self.rates.reserve(team, _rid("r-"), tokens, 0, (lim_n, lim_a, NO_LIMIT)) is None:
-            n, used = self.rates.used(team)
-            wait = max(1, math.ceil(self.rates.first_lapse_s(team)))
-            what = ("requests", f"requests per min (RPM): Limit {limits.rpm}, Used {n:.0f}, Requested 1")
-            if limits.rpm is None or n < limits.rpm:
-                what = ("tokens", f"tokens per min (TPM): Limit {limits.tpm}, Used {used:.0f}, Requested {tokens}")
-            err = APIError(
-                429,
-                f"Rate limit reached for team {team!r} on {what[1]}. Please try again in {wait}s.",
-                type=what[0],
-                code="rate_limit_exceeded",
-            )
-            err.headers = {"Retry-After": str(wait), **self._rate_headers(limits, team)}
-            raise err
-        return self._rate_headers(limits, team)
+        check = self.rates.admit(team, tokens, limits.rpm, limits.tpm)
+        headers = self._rate_headers(limits, check)
+        if check.admitted:
+            return headers
+        wait = max(1, math.ceil(check.wait_s))
+        if limits.rpm is not None and check.requests >= limits.rpm:
+            kind, what = "requests", f"requests per min (RPM): Limit {limits.rpm}, Used {check.requests}, Requested 1"
+        else:
+            kind, what = "tokens", f"tokens per min (TPM): Limit {limits.tpm}, Used {check.tokens}, Requested {tokens}"
+        err = APIError(
+            429,
+            f"Rate limit reached for team {team!r} on {what}. Please try again in {wait}s.",
+            type=kind,
+            code="rate_limit_exceeded",
+        )
+        err.headers = {"Retry-After": str(wait), **headers}
+        raise err
 
-    def _rate_headers(self, limits: TeamLimits, team: str) -> dict[str, str]:
-        n, used = self.rates.used(team)
+    @staticmethod
+    def _rate_headers(limits: TeamLimits, check: WindowCheck) -> dict[str, str]:
+        # the newest request is in the window, so all of it is free again a window later
         headers = {}
-        # the window is a minute long and the newest request is in it: all of it is free a minute on
         if limits.rpm is not None:
-            headers.update(
-                {
-                    "x-ratelimit-limit-requests": str(limits.rpm),
-                    "x-ratelimit-remaining-requests": str(max(0, limits.rpm - int(n))),
-                    "x-ratelimit-reset-requests": f"{RATE_WINDOW_S:g}s",
-                }
-            )
+            headers |= {
+                "x-ratelimit-limit-requests": str(limits.rpm),
+                "x-ratelimit-remaining-requests": str(max(0, limits.rpm - check.requests)),
+                "x-ratelimit-reset-requests": f"{RATE_WINDOW_S:g}s",
+            }
         if limits.tpm is not None:
-            headers.update(
-                {
-                    "x-ratelimit-limit-tokens": str(limits.tpm),
-                    "x-ratelimit-remaining-tokens": str(max(0, limits.tpm - int(used))),
-                    "x-ratelimit-reset-tokens": f"{RATE_WINDOW_S:g}s",
-                }
-            )
+            headers |= {
+                "x-ratelimit-limit-tokens": str(limits.tpm),
+                "x-ratelimit-remaining-tokens": str(max(0, limits.tpm - check.tokens)),
+                "x-ratelimit-reset-tokens": f"{RATE_WINDOW_S:g}s",
+            }
         return headers
 
     def _running_want(self, team: str) -> Want | None:

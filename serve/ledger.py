@@ -92,14 +92,6 @@ return {n, tostring(a), tostring(b), redis.call('HGET', KEYS[2], 'a') or '0', re
 """
 )
 
-# How long until the first live reservation lapses (Redis's clock); 0 when none is live.
-_FIRST_LAPSE = """
-local now = redis.call('TIME'); now = tonumber(now[1]) + tonumber(now[2]) / 1e6
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #first == 0 then return '0' end
-return tostring(math.max(0, tonumber(first[2]) - now))
-"""
-
 
 @dataclass
 class Reservation:
@@ -232,25 +224,6 @@ class Ledger:
             live = self._purge(name)
             spent = self._local_spent.get(name, [0.0, 0.0])
             return Totals(len(live), sum(v[1] for v in live.values()), sum(v[2] for v in live.values()), spent[0], spent[1])
-
-    def used(self, name: str) -> tuple[float, float]:
-        """(live reservations, their ``a`` plus spent) as the last reservation saw them: no round
-        trip (the figures a response's rate-limit headers report)."""
-        if self.state.redis_url and name in self._seen:
-            n, a, _ = self._seen[name]
-            return n, a
-        with self._lock:
-            live = self._purge(name)
-            return len(live), sum(v[1] for v in live.values()) + self._local_spent.get(name, [0.0])[0]
-
-    def first_lapse_s(self, name: str) -> float:
-        """Seconds until the first live reservation lapses (a refused caller's Retry-After)."""
-        shared = self.state.run("first_lapse", _FIRST_LAPSE, self._keys(name)[:1], [])
-        if shared is not LOCAL:
-            return float(shared)
-        with self._lock:
-            live = self._purge(name)
-            return max(0.0, min((v[0] for v in live.values()), default=time.monotonic()) - time.monotonic())
 
     def _purge(self, name: str) -> dict:
         now = time.monotonic()

@@ -123,3 +123,23 @@ def test_a_rate_limited_request_gets_the_openai_error_shape_and_headers(tmp_path
         assert int(refused.headers["retry-after"]) >= 1 and refused.headers["x-ratelimit-remaining-requests"] == "0"
         blue = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {keys['blue']}"}, json=BODY)
         assert blue.status_code != 429
+
+
+def test_a_request_leaves_the_window_after_it_and_takes_its_tokens_with_it(states):
+    """The window slides: once the first requests have left it, their requests and tokens no
+    longer count (waited for as a condition, not a time)."""
+    import time
+
+    from serve.rate_window import RateWindow
+
+    window = RateWindow(states[0], "fw:test-rate", window_s=0.5)
+    assert window.admit("red", 40, 2, 100).admitted and window.admit("red", 40, 2, 100).admitted
+    refused = window.admit("red", 1, 2, 100)
+    assert not refused.admitted and (refused.requests, refused.tokens) == (2, 80) and 0 < refused.wait_s <= 0.5
+    for _ in range(200):
+        again = window.admit("red", 30, 2, 100)
+        if again.admitted:
+            break
+        time.sleep(0.05)
+    assert again.admitted and again.tokens in (70, 30)  # one or both of the first two have left
+    assert window.admit("blue", 100, 2, 100).admitted  # another team's window is its own
