@@ -17,6 +17,8 @@ class LoopTarget:
     alias: str  # the model alias the loop rolls out on and releases to
     deployment: str  # the deployment whose workers load the checkpoints
     base_model: Path  # the served base checkpoint
+    warm_base: Path  # the base after its warm-up (deploy/models/warm_model.py): what turns train from
+    warm_version: str  # its version in the registry
     home: Path  # datasets, checkpoints, warmed models and loops/<run>/ go under here
     traces: Path
     registry: Path
