@@ -119,10 +119,8 @@ class Admission:
                 return Admitted(
                     held.get(id(lease_want)), held.get(id(budget_want)), prompt, completion, running=held.get(id(running_want))
                 )
-            if wants[got] is budget_want:
-                raise self._no_budget(team, prompt + completion, budget_want.b)
-            if wants[got] is running_want:
-                raise self._too_many_running(team)
+            if wants[got] is not lease_want:  # a full deployment queues; a team's own limit does not
+                raise self._team_refusal(team, wants[got], budget_want)
         budget, running = self._reserve_team(team, budget_want, running_want)  # then wait in the queue for a slot
         batch_lease = lease = None
         try:
@@ -195,11 +193,13 @@ class Admission:
         wants = [w for w in (budget_want, running_want) if w is not None]
         got = reserve_together(wants)
         if isinstance(got, int):
-            if wants[got] is budget_want:
-                raise self._no_budget(team, budget_want.a, budget_want.b)
-            raise self._too_many_running(team)
+            raise self._team_refusal(team, wants[got], budget_want)
         held = dict(zip(map(id, wants), got))
         return held.get(id(budget_want)), held.get(id(running_want))
+
+    def _team_refusal(self, team: str, refused: Want, budget_want: Want | None) -> APIError:
+        """The 429 for the team's want that did not fit: its budget, or its running slots."""
+        return self._no_budget(team, refused.a, refused.b) if refused is budget_want else self._too_many_running(team)
 
     def _too_many_running(self, team: str) -> APIError:
         limit = self.config.limits[team].max_concurrent
