@@ -85,19 +85,22 @@ class Admitted:
 
 class Admission:
     def __init__(self, config: GatewayConfig, state: SharedState):
-        self.config = config
+        self.config, self.state = config, state
         a = config.admission
         self.leases = Ledger(state, "fw:lease", a.lease_ttl_s)
         self.batch_leases = Ledger(state, "fw:batch-lease", a.lease_ttl_s)
         self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s, persist=config.spend_file)
         self.rates = RateWindow(state, "fw:rate", RATE_WINDOW_S)
         self.running = Ledger(state, "fw:running", a.lease_ttl_s)
+        # a team's dedicated replica time (a: replica-milliseconds, b: micro-USD), also in its budget
+        dedicated_file = f"{config.spend_file}.dedicated" if config.spend_file else None
+        self.dedicated = Ledger(state, "fw:dedicated", a.lease_ttl_s, persist=dedicated_file)
         self._waiting: dict[str, int] = {}
         self.interactive = InteractiveSignal(state, config.batch.interactive_hold_s)
 
     def look(self) -> None:
         """Refresh what each ledger last saw of the shared state (see :meth:`Ledger.look`)."""
-        for ledger in (self.leases, self.batch_leases, self.budgets, self.running):
+        for ledger in (self.leases, self.batch_leases, self.budgets, self.running, self.dedicated):
             ledger.look()
 
     async def admit(
@@ -326,13 +329,26 @@ class Admission:
             settles.append((self.budgets, res, tin + tout, math.ceil(cost * (1 - admitted.discount))))
         settle_together(settles)  # one round trip for all of them
 
+    def charge_replica_time(self, team: str, replica_ms: int, cost_micro: int) -> bool:
+        """Charge a dedicated deployment's replica time to ``team``; False once its budget is spent."""
+        limit = self.config.budgets.get(team)
+        name = limit.ledger(team) if limit else team
+        nothing_held = Reservation(name, "charge", 0, 0, shared=bool(self.state.redis_url))
+        settle_together([(self.budgets, nothing_held, 0, cost_micro), (self.dedicated, nothing_held, replica_ms, cost_micro)])
+        if limit is None or limit.usd is None:
+            return True
+        return self.budgets.totals(name).spent_b < limit.usd * 1e6
+
     def usage(self, team: str) -> dict:
         limit = self.config.budgets.get(team)
-        t = self.budgets.totals(limit.ledger(team) if limit else team)
+        name = limit.ledger(team) if limit else team
+        t, d = self.budgets.totals(name), self.dedicated.totals(name)
         return {
             "team": team,
             "spent_tokens": int(t.spent_a),
             "spent_usd": round(t.spent_b / 1e6, 6),
+            "serverless_usd": round((t.spent_b - d.spent_b) / 1e6, 6),
+            "dedicated": {"replica_hours": round(d.spent_a / 3.6e6, 6), "usd": round(d.spent_b / 1e6, 6)},
             "reserved_tokens": int(t.reserved_a),
             "in_flight": t.live,
             "limit_tokens": limit.tokens if limit else None,

@@ -20,13 +20,14 @@ from fastapi import FastAPI
 from serve import feedback_api, trace_query, ui
 from serve.admission import Admission
 from serve.affinity import Affinity
-from serve.api import admin, completions, models, status
+from serve.api import admin, completions, deployments, models, status
 from serve.batch import api as batch_api
 from serve.batch.runner import BatchRunner
 from serve.body_limit import BodyLimit
 from serve.breaker import Breakers
 from serve.config import GatewayConfig
 from serve.cross_site import CrossSite
+from serve.deployments import Deployments
 from serve.errors import install_error_handlers
 from serve.forward import Forwarder
 from serve.gateway_parts import GatewayParts
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 ROUTERS = (
     completions.router,
     models.router,
+    deployments.router,
     status.router,
     trace_query.router,
     feedback_api.router,
@@ -60,6 +62,7 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
     state = SharedState(config.redis_url, replica=config.instance_name)
     routes = RouteTable(config.models, state, config.routes_file)
     admission = Admission(config, state)
+    dedicated = Deployments(config, state, routes, admission)
     breakers = Breakers(state, config.breaker)
     metrics = Metrics()
     forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics)
@@ -69,6 +72,7 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
         keys=keys,
         state=state,
         routes=routes,
+        deployments=dedicated,
         admission=admission,
         breakers=breakers,
         metrics=metrics,
@@ -88,11 +92,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     async def lifespan(app: FastAPI):
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
         app.state.http = upstream_client(httpx.Timeout(config.upstream_timeout_s, connect=5), limits)
-        follower = (
-            asyncio.create_task(_follow_routes(gw.routes, gw.state, gw.admission, config.routes_poll_s))
-            if config.redis_url
-            else None
-        )
+        follower = asyncio.create_task(_follow_routes(gw, config.routes_poll_s)) if config.redis_url else None
         scheduler = asyncio.create_task(gw.batch_runner.run())
         yield
         scheduler.cancel()
@@ -118,19 +118,19 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     return app
 
 
-async def _follow_routes(
-    routes: RouteTable, state: SharedState, admission: Admission, poll_s: float, beat_s: float = 1.0
-) -> None:
-    """Take up alias changes made through other replicas; every ``beat_s`` say this replica is
-    alive and look at the shared ledgers (a Redis outage's share is taken from that sight)."""
+async def _follow_routes(gw: GatewayParts, poll_s: float, beat_s: float = 1.0) -> None:
+    """Take up alias and deployment changes made through other replicas; every ``beat_s`` say
+    this replica is alive and look at the shared ledgers (a Redis outage's share is taken from
+    that sight)."""
     last_beat = 0.0
     while True:
         await asyncio.sleep(poll_s)
         try:
-            await asyncio.to_thread(routes.refresh)
+            await asyncio.to_thread(gw.routes.refresh)
+            await asyncio.to_thread(gw.deployments.refresh)
             if time.monotonic() - last_beat >= beat_s:
-                await asyncio.to_thread(state.beat)
-                await asyncio.to_thread(admission.look)
+                await asyncio.to_thread(gw.state.beat)
+                await asyncio.to_thread(gw.admission.look)
                 last_beat = time.monotonic()
         except Exception:  # a bad poll must not end the following
             log.exception("could not refresh the alias table")

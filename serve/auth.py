@@ -20,6 +20,23 @@ class Caller:
     key_id: str | None
     admin: bool = False
     anonymous: bool = False
+    scopes: frozenset[str] = frozenset({"inference"})
+
+    def may(self, scope: str) -> bool:
+        """Whether this caller's key has ``scope`` (the admin, and the keyless local caller, have all)."""
+        return self.admin or self.anonymous or scope in self.scopes
+
+
+def require_scope(caller: Caller, scope: str) -> None:
+    """Refuse a key that was not given ``scope`` (``flywheel keys create --scope``)."""
+    if not caller.may(scope):
+        raise APIError(
+            403,
+            f"this API key has no {scope!r} scope (it has: {', '.join(sorted(caller.scopes))}); "
+            f"create one with `flywheel keys create --team {caller.team} --scope {scope}`",
+            type="permission_error",
+            code="insufficient_scope",
+        )
 
 
 def bearer(request: Request) -> str | None:
@@ -58,7 +75,7 @@ def caller_for_key(key: str | None, config: GatewayConfig, keys: KeyStore | None
         return None
     if record.revoked:
         raise _invalid_key(f"The API key {record.id} has been revoked.")
-    return Caller(team=record.team, key_id=record.id)
+    return Caller(team=record.team, key_id=record.id, scopes=frozenset(record.scopes))
 
 
 def authenticate(request: Request, config: GatewayConfig, keys: KeyStore | None) -> Caller:

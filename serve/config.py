@@ -132,9 +132,24 @@ class Price(StrictModel):
         0.0, ge=0, le=1, description="fraction taken off what batch lines cost (0.5: half price), in budgets and /v1/usage"
     )
 
+    replica_hour_usd: float = Field(
+        0.0, ge=0, description="a dedicated deployment of this model: USD per replica-hour, idle time included"
+    )
+
     @property
     def cached(self) -> float:
         return self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
+
+
+class CapacityPool(StrictModel):
+    """The accelerator slots deployments are made of (`local`: the cores vLLM workers may have;
+    `sim`: virtual slots). Every deployment, the serverless one included, holds
+    ``replicas x slots_per_replica``; a create or scale that does not fit is refused."""
+
+    slots: int | None = Field(None, ge=0, description="slots in all; default: the cores (vLLM) or 16 (mocker)")
+    slots_per_replica: int = Field(1, ge=1, description="what one replica of a dedicated deployment holds")
+    serverless_slots: int = Field(0, ge=0, description="what the profile's serverless deployment holds (its workers)")
+    max_replicas: int = Field(16, ge=1, description="replicas of one dedicated deployment")
 
 
 class BatchConfig(StrictModel):
@@ -262,6 +277,10 @@ class GatewayConfig(StrictModel):
         default_factory=dict, description="team -> serverless rate limits (rpm, tpm, max_concurrent)"
     )
     spend_file: str | None = Field(None, description="without Redis: where this replica keeps each team's spend across restarts")
+    pool: CapacityPool = CapacityPool()
+    deployments_file: str | None = Field(
+        None, description="where the dedicated deployments' desired state is kept across restarts (with Redis: shared)"
+    )
     prices: dict[str, Price] = Field(default_factory=dict, description="model alias -> price per 1M tokens")
     batch: BatchConfig = BatchConfig()
     ui: UIConfig = UIConfig()

@@ -17,6 +17,7 @@ from serve.auth import require_admin as _require_admin
 from serve.batch.runner import BatchRunner
 from serve.breaker import Breakers
 from serve.config import GatewayConfig
+from serve.deployments import Deployments
 from serve.forward import Forwarder
 from serve.keys import KeyStore
 from serve.metrics import Metrics
@@ -33,6 +34,7 @@ class GatewayParts:
     keys: KeyStore | None
     state: SharedState
     routes: RouteTable
+    deployments: Deployments
     admission: Admission
     breakers: Breakers
     metrics: Metrics

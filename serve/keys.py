@@ -11,7 +11,7 @@ import hashlib
 import json
 import secrets
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -30,11 +30,14 @@ class KeyRecord:
     name: str = ""
     created: str = ""
     revoked: bool = False
+    scopes: list[str] = field(default_factory=lambda: ["inference"])
 
 
 # "admin" is what the admin key's feedback and queries are recorded as, "default" the anonymous
 # caller's team: a team of either name would read or poison the other's data
 RESERVED_TEAMS = frozenset({"admin", "default"})
+# what a key may do: call models (inference), create, scale and delete its team's deployments
+SCOPES = ("inference", "deployments")
 
 
 class KeyStore:
@@ -52,8 +55,12 @@ class KeyStore:
     def _save(self, keys: list[KeyRecord]) -> None:
         write_private(self.path, json.dumps({"keys": [asdict(k) for k in keys]}, indent=2))
 
-    def create(self, team: str, name: str = "") -> tuple[KeyRecord, str]:
+    def create(self, team: str, name: str = "", scopes: list[str] | None = None) -> tuple[KeyRecord, str]:
         """A new key for ``team``; the plaintext is returned once and never stored."""
+        scopes = list(dict.fromkeys(scopes or ["inference"]))
+        unknown = [s for s in scopes if s not in SCOPES]
+        if unknown:
+            raise ValueError(f"unknown scope {unknown[0]!r} (scopes: {', '.join(SCOPES)})")
         if not team or not team.replace("-", "").replace("_", "").isalnum():
             raise ValueError("team names use letters, digits, '-' and '_'")
         if team.lower() in RESERVED_TEAMS:
@@ -68,6 +75,7 @@ class KeyStore:
             hash=hash_key(key),
             name=name,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            scopes=scopes,
         )
         with self._lock:
             self._save(self._load() + [rec])

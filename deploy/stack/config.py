@@ -172,6 +172,16 @@ class ClusterConfig(StrictModel):
     hf_token_secret: str | None = "hf-token-secret"
 
 
+class DedicatedConfig(StrictModel):
+    """Where dedicated deployments' Dynamo graphs listen (deploy/stack/graphs.py): graph k's
+    frontend on ``port_base + k * port_step``, its event broker on the next two ports, its
+    workers' admin servers after those."""
+
+    port_base: int | None = Field(None, description="default: frontend.port + 2000")
+    port_step: int = Field(20, ge=8, description="ports each graph may take (its replicas: this - 3)")
+    poll_s: float = Field(1.0, gt=0, description="how often the supervisor reads the desired state and reports")
+
+
 class StackConfig(StrictModel):
     profile: str = "local"
     home: str = Field(".flywheel", description="run dir, models and traces live under here")
@@ -193,6 +203,10 @@ class StackConfig(StrictModel):
         description="which deployment slot serves (deploy/stack/slots.py; kept in run/deployment.json by blue-green deploys)",
     )
     serving_model_dir: str | None = Field(None, description="the checkpoint the slot's workers start on; default model_dir")
+    dedicated: DedicatedConfig = DedicatedConfig()
+    graph: str | None = Field(
+        None, description="set by the supervisor: this config is dedicated deployment <graph>'s (deploy/stack/graphs.py)"
+    )
 
     @property
     def home_path(self) -> Path:
@@ -219,12 +233,12 @@ class StackConfig(StrictModel):
 
     @property
     def suffix(self) -> str:
-        """Appended to the names of this slot's processes and files."""
-        return SUFFIXES[self.slot]
+        """Appended to the names of this slot's (or dedicated graph's) processes and files."""
+        return f"-{self.graph}" if self.graph else SUFFIXES[self.slot]
 
     @property
     def deployment_name(self) -> str:
-        return "local" + self.suffix
+        return self.graph or "local" + self.suffix
 
     @property
     def traces_path(self) -> Path:
@@ -258,6 +272,12 @@ class StackConfig(StrictModel):
             gw.spend_file = str(self.home_path / "spend.json")
         if gw.checkpoints_file is None:
             gw.checkpoints_file = str(self.home_path / "checkpoints.json")
+        if gw.deployments_file is None:
+            gw.deployments_file = str(self.home_path / "deployments.json")
+        if gw.pool.slots is None:  # the cores vLLM workers may have, or the mocker's virtual slots
+            gw.pool.slots = 16 if self.worker.engine == "mocker" else os.cpu_count() or 1
+        gw.pool.serverless_slots = self.worker.count * gw.pool.slots_per_replica
+        gw.pool.max_replicas = min(gw.pool.max_replicas, self.dedicated.port_step - 3)
         if gw.ui.secret_file is None:  # replicas of one stack share logins
             gw.ui.secret_file = str(self.run_dir / "ui-secret")
         if not gw.deployments:  # both slots: the gateway can route to either (aliases choose)

@@ -9,6 +9,8 @@ Every ``poll_s`` it looks at each component `up` started and restarts, with expo
   Which registered instance is which worker is read from the listening sockets: an instance's
   request-plane address is a port its worker process group listens on.
 A restarted worker, once registered, loads again the LoRA adapters the alias table names.
+Dedicated deployments' graphs are carried from the gateway's desired state into processes by
+deploy/stack/reconciler.py on the same looks.
 
 It and `flywheel up` serialise on ``stack.lock`` (deploy/stack/run_state.py), so a restart never races a start. What it did
 (restarts, last exit reason) goes to ``supervisor.json`` for `flywheel status`.
@@ -30,6 +32,7 @@ import httpx
 from deploy.stack.adapters import reload_adapters
 from deploy.stack.config import StackConfig
 from deploy.stack.processes import Component, ProcessManager, StartError
+from deploy.stack.reconciler import Reconciler
 from deploy.stack.run_state import load_state, save_state, stack_lock
 from deploy.stack.slots import worker_index
 from deploy.stack.sockets import group_listening_ports
@@ -75,6 +78,7 @@ class Supervisor:
         self.comps = [c for c in comps if c.name != "supervisor"]
         self.pm = ProcessManager(cfg.run_dir)
         self.watch = {c.name: Watch(started=time.monotonic()) for c in self.comps}
+        self.dedicated = Reconciler(cfg, self.pm)
         for name, saved in load_state(cfg.run_dir).items():  # a restarted supervisor keeps counts
             if name in self.watch:
                 self.watch[name].restarts = saved.get("restarts", 0)
@@ -100,6 +104,7 @@ class Supervisor:
                     if listed is None:
                         listed = registered_ports(self.cfg.frontend_url) or set()
                     self._check_registration(comp, w, listed, now)
+            self.dedicated.tick()
 
     def _check_registration(self, comp: Component, w: Watch, listed: set[int], now: float) -> None:
         if not listed:  # the frontend is down or lists nobody: nothing to compare against

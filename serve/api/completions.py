@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import Headers
 
 from serve import json_codec
-from serve.auth import Caller, authenticate_headers
+from serve.auth import Caller, authenticate_headers, require_scope
 from serve.capture import RequestContext, new_trace_id
 from serve.errors import invalid_request
 from serve.forward import Stream
@@ -43,6 +43,7 @@ router = APIRouter()
 async def complete(gw: GatewayParts, operation: str, headers: dict[str, str], raw: bytes):
     """A completion request, from its raw body to the client's answer (the hot path)."""
     caller = authenticate_headers(headers, gw.config, gw.keys)
+    require_scope(caller, "inference")
     if len(raw) > OFF_LOOP_BYTES:
         body, prompt_json = await gw.forwarder.turns.run(caller.team, _validated, raw, operation, True)
     else:
@@ -70,6 +71,7 @@ for _path, _entry in COMPLETIONS.items():
 async def generate(request: Request, gw: GatewayParts = Depends(parts)):
     """Token-in/token-out, as prime-rl and verifiers' training client call it."""
     caller = gw.caller(request)
+    require_scope(caller, "inference")
     try:
         req = GenerateRequest.model_validate(json_codec.request_object(await request.body())[0])
     except ValidationError as exc:

@@ -1,0 +1,316 @@
+"""Dedicated deployments: capacity a team creates, scales and deletes through the API
+(serve/api/deployments.py), kept to that team and billed by replica time.
+
+The gateway holds each deployment's desired state (a :class:`SharedTable`: Redis with a file
+behind it, so it survives restarts and is one table for every replica). The supervisor
+(deploy/stack/reconciler.py) reads it, starts, scales or stops the deployment's own Dynamo graph
+and reports what it observed: ready replicas, the graph's frontend. ``serve/`` never starts a
+process. Status:
+
+    DEPLOYING -> RUNNING (every desired replica ready) -> SCALING (a scale being carried out)
+    DELETING (out of routing; the graph drains, then stops and the deployment is gone)
+    STOPPED  (its team's budget ran out: reason insufficient_quota; the graph is stopped)
+    FAILED   (its graph could not start: reason)
+
+A deployment is routable (its ``served_model`` in the alias table, visible to its team only)
+while RUNNING or SCALING. Replica time is charged from RUNNING on: every report, scale and delete
+charges the replicas ready since the last charge.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from serve.admission import Admission
+from serve.auth import Caller
+from serve.config import Capacity, Deployment, GatewayConfig, ModelRoute, StrictModel
+from serve.errors import APIError, model_not_found
+from serve.routes import RouteTable
+from serve.shared_state import SharedState
+from serve.shared_table import SharedTable
+
+Status = Literal["DEPLOYING", "RUNNING", "SCALING", "DELETING", "STOPPED", "FAILED"]
+HOLDS_SLOTS = ("DEPLOYING", "RUNNING", "SCALING", "DELETING")  # its processes run (or are starting)
+ROUTABLE = ("RUNNING", "SCALING")
+ID_PREFIX = "dep-"
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class Replicas(BaseModel):
+    desired: int
+    ready: int = 0
+
+
+class DedicatedDeployment(BaseModel):
+    id: str
+    object: Literal["deployment"] = "deployment"
+    name: str
+    team: str
+    model: str = Field(description="what the create asked for: a checkpoint version or a served base model")
+    checkpoint_version: str
+    served_model: str = Field(description="the name to send as `model`")
+    status: Status = "DEPLOYING"
+    reason: str | None = None
+    replicas: Replicas
+    created_at: int
+    # what the supervisor needs and reports
+    model_path: str = Field(description="the weights the graph's workers start on")
+    lora_path: str | None = Field(None, description="an adapter each worker loads, served as served_model")
+    slots_per_replica: int = 1
+    url: str | None = None
+    admin_urls: list[str] = Field(default_factory=list)
+    max_model_len: int | None = None
+    # replica time
+    running_since: float | None = None
+    billed_until: float | None = None
+    replica_seconds: float = 0.0
+    cost_usd: float = 0.0
+
+    def public(self, operator: bool) -> dict:
+        """The API's deployment object; where the weights and processes are is the operator's."""
+        hidden = set() if operator else {"model_path", "lora_path", "url", "admin_urls"}
+        return self.model_dump(exclude=hidden | {"billed_until"})
+
+
+class CreateRequest(StrictModel):
+    model: str = Field(min_length=1, description="a registered checkpoint version or a served base model")
+    name: str | None = Field(None, description="served as <team>/<name>; default the checkpoint version")
+    replicas: int = Field(1, ge=1)
+    team: str | None = Field(None, description="admin only: whose deployment")
+
+
+class ScaleRequest(StrictModel):
+    replicas: int = Field(ge=1, description="a deployment cannot scale to zero: delete it")
+
+
+class Observed(StrictModel):
+    """What the supervisor saw of one deployment's graph."""
+
+    ready: int = Field(ge=0)
+    url: str | None = None
+    admin_urls: list[str] = Field(default_factory=list)
+    max_model_len: int | None = None
+    gone: bool = Field(False, description="a DELETING deployment's graph has drained and stopped")
+    failed: str | None = Field(None, description="why its graph cannot start")
+
+
+class Deployments:
+    def __init__(self, config: GatewayConfig, state: SharedState, routes: RouteTable, admission: Admission):
+        self.config, self.routes, self.admission = config, routes, admission
+        self.table: SharedTable[DedicatedDeployment] = SharedTable(
+            DedicatedDeployment, "flywheel:deployments", {}, state, config.deployments_file
+        )
+        self.static = list(config.deployments)  # the profile's own (serverless, blue-green)
+        self._lock = threading.Lock()  # one change at a time in this replica
+        self._apply()
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def visible(self, caller: Caller) -> list[DedicatedDeployment]:
+        return sorted((d for d in self.table.values() if caller.admin or d.team == caller.team), key=lambda d: d.created_at)
+
+    def get(self, caller: Caller, dep_id: str) -> DedicatedDeployment:
+        """The caller's deployment; another team's answers as no deployment at all."""
+        d = self.table.get(dep_id)
+        if d is None or not (caller.admin or d.team == caller.team):
+            raise APIError(404, f"no deployment {dep_id!r}", param="id", code="deployment_not_found")
+        return d
+
+    def pool(self) -> dict:
+        """Slots in all, held and free."""
+        held = self.config.pool.serverless_slots + sum(
+            d.replicas.desired * d.slots_per_replica for d in self.table.values() if d.status in HOLDS_SLOTS
+        )
+        total = self.config.pool.slots or 0
+        return {"slots": total, "held": held, "free": max(0, total - held)}
+
+    # -- changing ---------------------------------------------------------------------------------
+
+    def create(self, caller: Caller, req: CreateRequest) -> DedicatedDeployment:
+        team = req.team if (caller.admin and req.team) else caller.team
+        if req.team and not caller.admin and req.team != caller.team:
+            raise APIError(403, "only the admin key creates deployments for another team", param="team", type="permission_error")
+        version, model_path, lora_path = self._resolve(caller, team, req.model)
+        name = req.name or version
+        if not NAME.match(name):
+            raise APIError(400, f"invalid name {name!r}: lower-case letters, digits, '.', '_' and '-', at most 63", param="name")
+        self._check_replicas(req.replicas)
+        with self._lock:
+            served = f"{team}/{name}"
+            if any(d.served_model == served for d in self.table.values()):
+                raise APIError(409, f"team {team!r} already has a deployment named {name!r}", param="name", code="conflict")
+            self._fit(req.replicas * self.config.pool.slots_per_replica)
+            dep = DedicatedDeployment(
+                id=ID_PREFIX + secrets.token_hex(6),
+                name=name,
+                team=team,
+                model=req.model,
+                checkpoint_version=version,
+                served_model=served,
+                replicas=Replicas(desired=req.replicas),
+                created_at=int(time.time()),
+                model_path=model_path,
+                lora_path=lora_path,
+                slots_per_replica=self.config.pool.slots_per_replica,
+            )
+            self.table[dep.id] = dep
+            return dep
+
+    def scale(self, caller: Caller, dep_id: str, replicas: int) -> DedicatedDeployment:
+        self._check_replicas(replicas)
+        with self._lock:
+            dep = self.get(caller, dep_id).model_copy(deep=True)
+            if dep.status not in ("DEPLOYING", "RUNNING", "SCALING"):
+                raise APIError(409, f"deployment {dep_id} is {dep.status}: it cannot be scaled", code="conflict")
+            more = (replicas - dep.replicas.desired) * dep.slots_per_replica
+            if more > 0:
+                self._fit(more)
+            self._bill(dep, time.time())
+            dep.replicas.desired = replicas
+            if dep.status == "RUNNING" and dep.replicas.ready != replicas:
+                dep.status = "SCALING"
+            self._save(dep)
+            return dep
+
+    def delete(self, caller: Caller, dep_id: str) -> DedicatedDeployment:
+        """Out of routing now; the supervisor stops the graph once its requests have finished."""
+        with self._lock:
+            dep = self.get(caller, dep_id).model_copy(deep=True)
+            if dep.status != "DELETING":
+                self._bill(dep, time.time())
+                dep.status, dep.reason = "DELETING", None
+                self._save(dep)
+            return dep
+
+    def observe(self, dep_id: str, seen: Observed) -> DedicatedDeployment | None:
+        """The supervisor's report: replicas ready, where the graph listens; charge the time since
+        the last charge; move the status on. None once a deleted deployment is gone."""
+        with self._lock:
+            dep = self.table.get(dep_id)
+            if dep is None:
+                return None
+            dep = dep.model_copy(deep=True)
+            now = time.time()
+            self._bill(dep, now)
+            if dep.status == "DELETING" and seen.gone:
+                del self.table[dep_id]
+                self._apply()
+                return None
+            dep.replicas.ready = seen.ready
+            if seen.url:
+                dep.url, dep.admin_urls, dep.max_model_len = seen.url, seen.admin_urls, seen.max_model_len
+            if dep.status in ("DEPLOYING", "RUNNING", "SCALING"):
+                if seen.failed:
+                    dep.status, dep.reason = "FAILED", seen.failed
+                elif seen.ready == dep.replicas.desired:
+                    if dep.running_since is None:
+                        dep.running_since = dep.billed_until = now
+                    dep.status = "RUNNING"
+                elif dep.status == "RUNNING":
+                    dep.status = "SCALING"  # a replica was lost: the supervisor heals it
+            self._save(dep)
+            return dep
+
+    # -- inside -----------------------------------------------------------------------------------
+
+    def _bill(self, dep: DedicatedDeployment, now: float) -> None:
+        """Charge the replicas ready since the last charge; stop the deployment when its team's
+        budget is spent."""
+        if dep.status not in ROUTABLE or dep.billed_until is None:
+            return
+        replica_s = dep.replicas.ready * max(0.0, now - dep.billed_until)
+        dep.billed_until = now
+        price = self.config.prices.get(dep.model) or self.config.prices.get(dep.served_model)
+        cost = replica_s * (price.replica_hour_usd if price else 0.0) / 3600
+        dep.replica_seconds += replica_s
+        dep.cost_usd += cost
+        left = self.admission.charge_replica_time(dep.team, round(replica_s * 1000), math.ceil(cost * 1e6))
+        if not left:
+            dep.status, dep.reason = "STOPPED", "insufficient_quota"
+
+    def _save(self, dep: DedicatedDeployment) -> None:
+        self.table[dep.id] = dep
+        self._apply()
+
+    def _fit(self, slots: int) -> None:
+        pool = self.pool()
+        if slots > pool["free"]:
+            raise APIError(
+                409,
+                f"insufficient capacity: this needs {slots} slot(s), {pool['free']} of {pool['slots']} are free "
+                "(delete or scale down a deployment to free some)",
+                code="insufficient_capacity",
+            )
+
+    def _check_replicas(self, replicas: int) -> None:
+        most = self.config.pool.max_replicas
+        if replicas > most:
+            raise APIError(400, f"replicas must be at most {most}", param="replicas")
+
+    def _resolve(self, caller: Caller, team: str, model: str) -> tuple[str, str, str | None]:
+        """``model`` as (checkpoint version, the weights its workers start on, its adapter)."""
+        ckpt = _registered(self.config.checkpoints_file).get(model)
+        if ckpt is not None:
+            if ckpt.get("team") not in (None, team) and not caller.admin:
+                raise model_not_found(model)  # another team's checkpoint: as if there were none
+            if ckpt["kind"] == "lora":
+                return model, ckpt["base_model"], ckpt["path"]
+            return model, ckpt["path"], None
+        route = self.routes.get(model)
+        if route is not None and route.lora_path is None and route.teams is None and route.checkpoint_version == "base":
+            dep = next((d for d in self.static if d.name == route.deployment and d.model_path), None)
+            if dep is not None:
+                return "base", dep.model_path, None
+        raise model_not_found(model)
+
+    def refresh(self) -> None:
+        """Take up changes another replica made (the follower calls this)."""
+        if self.table.refresh():
+            self._apply(routes=False)
+
+    def _apply(self, routes: bool = True) -> None:
+        """This replica's deployments list and capacity from the table; with ``routes``, the
+        alias table too (only the replica that made a change writes it)."""
+        dedicated = [d for d in self.table.values() if d.url and d.status in HOLDS_SLOTS]
+        self.config.deployments = self.static + [
+            Deployment(name=d.id, url=d.url, admin_urls=d.admin_urls, max_model_len=d.max_model_len, model_path=d.model_path)
+            for d in dedicated
+        ]
+        for d in dedicated:  # leases count its requests in flight: a delete drains to 0
+            self.config.capacity[d.id] = Capacity(max_requests=64 * max(1, d.replicas.desired))
+        if not routes:
+            return
+        want = {d.served_model: d for d in dedicated if d.status in ROUTABLE}
+        for alias, route in list(self.routes.items()):
+            if route.deployment.startswith(ID_PREFIX) and alias not in want:
+                del self.routes[alias]
+        for alias, d in want.items():
+            route = ModelRoute(
+                deployment=d.id,
+                upstream_model=d.served_model,
+                checkpoint_version=d.checkpoint_version,
+                lora_path=d.lora_path,
+                teams=[d.team],
+                created=d.created_at,
+            )
+            if self.routes.get(alias) != route:
+                self.routes[alias] = route
+
+
+def _registered(path: str | None) -> dict[str, dict]:
+    """The checkpoint registry's checkpoints (feedback/registry.py writes it), version -> record."""
+    if not path:
+        return {}
+    try:
+        return json.loads(Path(path).read_text()).get("checkpoints", {})
+    except (FileNotFoundError, ValueError):
+        return {}
