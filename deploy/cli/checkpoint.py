@@ -84,17 +84,34 @@ def ckpt_deploy(
     version: str,
     alias: Optional[str] = typer.Option(None),
     strategy: str = StrategyOpt,
+    dedicated: bool = typer.Option(
+        False, "--dedicated", help="on capacity of its own for a team (flywheel deployments), not by moving an alias"
+    ),
+    replicas: int = typer.Option(1, min=1, help="--dedicated: replicas"),
+    team: Optional[str] = typer.Option(None, help="--dedicated: whose deployment (default: the checkpoint's team)"),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="--dedicated: show progress until RUNNING"),
     profile: str = ProfileOpt,
     set_: Optional[list[str]] = SetOpt,
 ):
     """Load a checkpoint on every worker, then move the alias to it (a LoRA is loaded beside the
     base weights; a full checkpoint is reloaded in place, pausing the deployment for the reload,
-    or started as a new deployment with --strategy blue-green)."""
+    or started as a new deployment with --strategy blue-green). With --dedicated: a deployment of
+    its own (also for a checkpoint the loop registered while its run goes on)."""
     from feedback.hotswap import HotSwapError
-    from feedback.registry import RegistryError
+    from feedback.registry import Registry, RegistryError
 
-    _check_strategy(strategy)
     cfg = _config(profile, set_)
+    if dedicated:
+        from deploy.cli.deployments import Api, create
+
+        try:
+            owner = team or Registry(cfg.resolved_gateway().checkpoints_file).get(version).team
+        except RegistryError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(1)
+        create(Api(profile, set_, None, None), version, alias, replicas, owner, wait)
+        return
+    _check_strategy(strategy)
     _, swap = _swap(cfg)
     try:
         if strategy == "blue-green":

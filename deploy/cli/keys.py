@@ -16,6 +16,9 @@ keys_app = typer.Typer(no_args_is_help=True, help="API keys (stored hashed), one
 def keys_create(
     team: str = typer.Option(..., help="the team this key bills and sees"),
     name: str = typer.Option("", help="a label, e.g. who holds the key"),
+    scope: Optional[list[str]] = typer.Option(
+        None, "--scope", help="inference (the default) and/or deployments (create, scale, delete the team's); repeatable"
+    ),
     profile: str = ProfileOpt,
     set_: Optional[list[str]] = SetOpt,
 ):
@@ -23,11 +26,11 @@ def keys_create(
     from serve.keys import KeyStore
 
     try:
-        rec, key = KeyStore(_config(profile, set_).resolved_gateway().keys_file).create(team, name)
+        rec, key = KeyStore(_config(profile, set_).resolved_gateway().keys_file).create(team, name, scope)
     except ValueError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2)
-    console.print(f"created {rec.id} for team {rec.team!r}; the key (shown once):", style="dim")
+    console.print(f"created {rec.id} for team {rec.team!r} ({', '.join(rec.scopes)}); the key (shown once):", style="dim")
     print(key)
 
 
@@ -36,9 +39,9 @@ def keys_list(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
     """Key ids, teams and state (never the keys)."""
     from serve.keys import KeyStore
 
-    table = Table("id", "team", "name", "created", "state")
+    table = Table("id", "team", "name", "scopes", "created", "state")
     for k in KeyStore(_config(profile, set_).resolved_gateway().keys_file).list():
-        table.add_row(k.id, k.team, k.name, k.created, "[red]revoked[/]" if k.revoked else "active")
+        table.add_row(k.id, k.team, k.name, ",".join(k.scopes), k.created, "[red]revoked[/]" if k.revoked else "active")
     console.print(table)
 
 

@@ -8,6 +8,7 @@ from deploy.cli import stack
 from deploy.cli import traces
 from deploy.cli.batch import batch_app
 from deploy.cli.checkpoint import ckpt_app
+from deploy.cli.deployments import deployments_app
 from deploy.cli.keys import keys_app
 from deploy.cli.loop import demo, loop
 
@@ -22,6 +23,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(traces.traces_app, name="traces")
 app.add_typer(ckpt_app, name="checkpoint")
 app.add_typer(batch_app, name="batch")
+app.add_typer(deployments_app, name="deployments")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ the new slot.
 from __future__ import annotations
 
 from deploy.stack.config import StackConfig
-from deploy.stack.launcher import console, deployment_components, start_components, supervisor_component
+from deploy.stack.dynamo_graph import deployment_components
+from deploy.stack.launcher import console, start_components, supervisor_component
 from deploy.stack.processes import ProcessManager
 from deploy.stack.slots import SlotState, for_slot, write_state
 from deploy.stack.run_state import stack_lock

@@ -25,7 +25,7 @@ import httpx
 
 from deploy.stack.config import StackConfig
 from deploy.stack.graphs import graph_config, graph_indexes, graph_processes
-from deploy.stack.launcher import deployment_components
+from deploy.stack.dynamo_graph import deployment_components
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
 from serve.engine_admin import LORA_ROUTE, lora_load_body
 from serve.workers import worker_result

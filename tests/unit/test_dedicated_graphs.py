@@ -1,0 +1,59 @@
+"""Dedicated deployments' graphs: ports of their own that no other process of the stack takes,
+indexes kept across restarts, and names that say whose process is whose."""
+
+from deploy.stack.config import load_config
+from deploy.stack.dynamo_graph import deployment_components
+from deploy.stack.graphs import graph_config, graph_indexes, graph_processes
+from deploy.stack.launcher import components
+from deploy.stack.slots import for_slot
+
+
+def _dep(dep_id: str, replicas: int, lora: bool = False) -> dict:
+    return {
+        "id": dep_id,
+        "model_path": "/ckpt",
+        "served_model": "team/name",
+        "replicas": {"desired": replicas},
+        "lora_path": "/adapter" if lora else None,
+    }
+
+
+def test_sixteen_full_graphs_take_no_port_of_each_other_or_of_the_stack(tmp_path):
+    for profile in ("local", "sim"):
+        cfg = load_config(profile, [f"home={tmp_path}", "redis.enabled=true", "host_tier.enabled=true"], environ={})
+        most = cfg.dedicated.port_step - 3
+        owner: dict[int, str] = {}
+        graphs = [graph_config(cfg, _dep(f"dep-{k:012x}", most), k) for k in range(16)]
+        stack = components(cfg) + deployment_components(for_slot(cfg, 1))
+        for comp in stack + [c for g in graphs for c in deployment_components(g)]:
+            for port in comp.ports:
+                assert port not in owner, f"{profile}: {comp.name} and {owner.get(port)} both on {port}"
+                owner[port] = comp.name
+        assert cfg.resolved_gateway().pool.max_replicas <= most  # no replica beyond its graph's ports
+
+
+def test_a_graph_serves_its_deployment_under_its_own_names(tmp_path):
+    cfg = load_config("sim", [f"home={tmp_path}"], environ={})
+    g = graph_config(cfg, _dep("dep-00000000abcd", 2), 3)
+    names = [c.name for c in deployment_components(g)]
+    assert names == [
+        "event-broker-dep-00000000abcd",
+        "frontend-dep-00000000abcd",
+        "worker-0-dep-00000000abcd",
+        "worker-1-dep-00000000abcd",
+    ]
+    assert g.deployment_name == "dep-00000000abcd" and g.worker.served_model_name == "team/name"
+    assert g.serving_model_path.as_posix() == "/ckpt"
+    # an adapter's graph serves its base under another name: the adapter is what the team calls
+    assert graph_config(cfg, _dep("dep-1", 1, lora=True), 0).worker.served_model_name == "team/name@base"
+
+
+def test_indexes_are_kept_and_a_deleted_deployment_gives_its_index_back(tmp_path):
+    assert graph_indexes(tmp_path, ["dep-a", "dep-b"]) == {"dep-a": 0, "dep-b": 1}
+    assert graph_indexes(tmp_path, ["dep-b", "dep-c"]) == {"dep-b": 1, "dep-c": 0}  # a left; c takes 0
+    assert graph_indexes(tmp_path, ["dep-c", "dep-b", "dep-d"]) == {"dep-b": 1, "dep-c": 0, "dep-d": 2}
+    for name in ("frontend-dep-00ab", "worker-1-dep-00ab", "worker-0", "frontend-b"):
+        (tmp_path / f"{name}.pid").write_text("1")
+    assert {k: sorted(v) for k, v in graph_processes(tmp_path).items()} == {
+        "dep-00ab": ["frontend-dep-00ab", "worker-1-dep-00ab"]
+    }
