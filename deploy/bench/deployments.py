@@ -5,9 +5,10 @@ ready, scale-down and delete drain times, and the requests that failed during ea
     .venv/bin/flywheel up -p sim && .venv/bin/python -m deploy.bench.deployments -p sim [--rate 10]
 
 Traffic: chat requests to the deployment's ``served_model`` at ``--rate`` a second from the moment
-it first answers until it is deleted (a non-200 is a failure, counted in the phase it was sent
-in). The reference is one more worker of the same engine started the way `up` starts one (until
-healthy and listed by its frontend), in a graph of its own that is stopped afterwards.
+it first answers until the delete (a non-200 is a failure): those sent during each scale and the
+2 s after it, and for the delete those in flight when it was asked. The reference is one more
+worker of the same engine started the way `up` starts one (until healthy and listed by its
+frontend), in a graph of its own that is stopped afterwards.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from deploy.stack.graphs import graph_config
 from deploy.stack.launcher import start_components
 from deploy.stack.processes import ProcessManager
 
-BODY = {"messages": [{"role": "user", "content": "bench"}], "max_tokens": 8}
+BODY = {"messages": [{"role": "user", "content": "bench"}], "max_tokens": 512}
 
 
-def bare_worker_start(cfg) -> float:
-    """Seconds for a graph of one worker, started as `up` starts one, until it is listed."""
+def bare_start(cfg) -> tuple[float, float]:
+    """Seconds for a graph of one worker, started as `up` starts one: the worker alone (from its
+    start to listed by its frontend) and the whole graph (event broker, frontend, worker)."""
     ref = {
         "id": "dep-bench0000000",
         "model_path": str(cfg.model_path),
@@ -39,7 +41,7 @@ def bare_worker_start(cfg) -> float:
     comps = deployment_components(g)
     try:
         timings, _ = start_components(g, comps)
-        return timings[comps[-1].name]
+        return timings[comps[-1].name], sum(timings.values())
     finally:
         pm = ProcessManager(cfg.run_dir)
         for comp in reversed(comps):
@@ -47,28 +49,45 @@ def bare_worker_start(cfg) -> float:
 
 
 class Traffic(threading.Thread):
+    """Requests at ``rate`` a second, each kept as (sent, done, ok) in monotonic seconds."""
+
     def __init__(self, url: str, headers: dict, model: str, rate: float):
         super().__init__(daemon=True)
         self.url, self.headers, self.model, self.rate = url, headers, model, rate
-        self.phase, self.sent, self.failed = "created", {}, {}
+        self.done: list[tuple[float, float, bool]] = []
+        self.errors: list[str] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
+        senders = []
         with httpx.Client(timeout=60) as c:
             while not self.stop.is_set():
-                t, phase = time.monotonic(), self.phase
-                try:
-                    ok = (
-                        c.post(
-                            f"{self.url}/v1/chat/completions", json={**BODY, "model": self.model}, headers=self.headers
-                        ).status_code
-                        == 200
-                    )
-                except httpx.HTTPError:
-                    ok = False
-                self.sent[phase] = self.sent.get(phase, 0) + 1
-                self.failed[phase] = self.failed.get(phase, 0) + (not ok)
+                t = time.monotonic()
+                senders.append(threading.Thread(target=self._one, args=(c,), daemon=True))
+                senders[-1].start()
                 time.sleep(max(0.0, 1 / self.rate - (time.monotonic() - t)))
+            for sender in senders:  # the client stays open for what is still in flight
+                sender.join()
+
+    def _one(self, c: httpx.Client) -> None:
+        t = time.monotonic()
+        try:
+            r = c.post(f"{self.url}/v1/chat/completions", json={**BODY, "model": self.model}, headers=self.headers)
+            ok = r.status_code == 200
+            if not ok:
+                self.errors.append(f"{r.status_code} {r.text[:160]}")
+        except httpx.HTTPError as exc:
+            ok = False
+            self.errors.append(repr(exc))
+        self.done.append((t, time.monotonic(), ok))
+
+    def sent_between(self, start: float, end: float) -> tuple[int, int]:
+        got = [ok for sent, _, ok in self.done if start <= sent < end]
+        return len(got), got.count(False)
+
+    def in_flight_at(self, moment: float) -> tuple[int, int]:
+        got = [ok for sent, done, ok in self.done if sent < moment < done]
+        return len(got), got.count(False)
 
 
 def main() -> None:
@@ -96,11 +115,10 @@ def main() -> None:
     def ready(dep_id: str, n: int):
         return lambda: (lambda d: d.get("status") == "RUNNING" and d["replicas"]["ready"] == n)(dep(dep_id))
 
-    rows = [("bare worker start (reference)", bare_worker_start(cfg), None)]
-    created = c.post(
-        "/v1/deployments",
-        json={"model": args.model or cfg.worker.served_model_name, "name": "bench", "replicas": 1, "team": "bench"},
-    )
+    worker, graph = bare_start(cfg)
+    rows = [("bare worker start (reference)", worker, None), ("bare graph start (frontend + worker)", graph, None)]
+    body = {"model": args.model or cfg.worker.served_model_name, "name": "bench", "replicas": 1, "team": "bench"}
+    created = c.post("/v1/deployments", json=body)
     if created.status_code != 202:
         raise SystemExit(f"create refused: {created.status_code} {created.text}")
     d = created.json()
@@ -108,33 +126,34 @@ def main() -> None:
     first = lambda: c.post("/v1/chat/completions", json={**BODY, "model": model}).status_code == 200  # noqa: E731
     traffic = Traffic(url, headers, model, args.rate)
     try:
-        rows.append(("create -> first token", until(first, "first token"), "created"))
+        rows.append(("create -> first token", until(first, "first token"), None))
         traffic.start()
-        traffic.phase = "scale-up"
-        c.post(f"/v1/deployments/{d['id']}/scale", json={"replicas": 2})
-        rows.append(("scale 1 -> 2 -> new replica ready", until(ready(d["id"], 2), "scale-up"), "scale-up"))
-        time.sleep(2)
-        traffic.phase = "scale-down"
-        c.post(f"/v1/deployments/{d['id']}/scale", json={"replicas": 1})
-        rows.append(("scale 2 -> 1 drained and stopped", until(ready(d["id"], 1), "scale-down"), "scale-down"))
-        time.sleep(2)
-        traffic.phase = "delete"
+        for n, what in ((2, "scale 1 -> 2: the new replica ready"), (1, "scale 2 -> 1: drained and stopped")):
+            t0 = time.monotonic()
+            c.post(f"/v1/deployments/{d['id']}/scale", json={"replicas": n})
+            rows.append((what, until(ready(d["id"], n), what), None))
+            time.sleep(2)  # traffic on what the scale left
+            rows[-1] = (*rows[-1][:2], traffic.sent_between(t0, time.monotonic()))
+        traffic.stop.set()  # a deleted deployment takes no new requests: count those it was serving
+        deleted_at = time.monotonic()
         c.delete(f"/v1/deployments/{d['id']}")
-        rows.append(
-            ("delete drained and gone", until(lambda: c.get(f"/v1/deployments/{d['id']}").status_code == 404, "delete"), "delete")
-        )
+        gone = until(lambda: c.get(f"/v1/deployments/{d['id']}").status_code == 404, "delete")
+        traffic.join()
+        rows.append(("delete: drained and gone", gone, traffic.in_flight_at(deleted_at)))
     finally:
         traffic.stop.set()
         if c.get(f"/v1/deployments/{d['id']}").status_code == 200:
             c.delete(f"/v1/deployments/{d['id']}")
     print(f"\n{args.profile}: dedicated deployment lifecycle, traffic {args.rate:g} req/s")
-    print(f"{'phase':38} {'seconds':>8} {'sent':>6} {'failed':>7}")
-    for name, seconds, phase in rows:
-        sent = traffic.sent.get(phase, 0) if phase else "-"
-        failed = traffic.failed.get(phase, 0) if phase else "-"
-        print(f"{name:38} {seconds:8.2f} {sent!s:>6} {failed!s:>7}")
-    ref, create = rows[0][1], rows[1][1]
-    print(f"create -> first token / bare worker start: {create / ref:.2f}x")
+    print(f"{'phase':40} {'seconds':>8} {'requests':>9} {'failed':>7}")
+    for name, seconds, counts in rows:
+        sent, failed = counts if counts else ("-", "-")
+        print(f"{name:40} {seconds:8.2f} {sent!s:>9} {failed!s:>7}")
+    for error in traffic.errors[:5]:
+        print("failed:", error)
+    print("(requests: sent during a scale and the 2 s after it; for the delete, those in flight when it was asked)")
+    create = rows[2][1]
+    print(f"create -> first token / bare worker start: {create / worker:.2f}x, / bare graph start: {create / graph:.2f}x")
 
 
 if __name__ == "__main__":

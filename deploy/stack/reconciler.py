@@ -33,6 +33,7 @@ from serve.workers import worker_result
 log = logging.getLogger("flywheel.reconciler")
 STARTS_BEFORE_FAILED = 5  # starts of one process that never became ready: the deployment FAILED
 RUNS = ("DEPLOYING", "RUNNING", "SCALING")
+CONVERGING, CONVERGING_POLL_S = ("DEPLOYING", "SCALING", "DELETING"), 0.1
 
 
 class Reconciler:
@@ -51,6 +52,8 @@ class Reconciler:
         deps = self._desired()
         if deps is None:
             return
+        if any(d["status"] in CONVERGING for d in deps):  # a start or drain is seen as soon as it is done
+            self.next_look = now + min(CONVERGING_POLL_S, self.cfg.dedicated.poll_s)
         indexes = graph_indexes(self.cfg.run_dir, [d["id"] for d in deps])
         for dep in deps:
             g = graph_config(self.cfg, dep, indexes[dep["id"]])

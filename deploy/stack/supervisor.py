@@ -179,7 +179,8 @@ class Supervisor:
 
     def run(self, stop: threading.Event) -> None:
         self._save()
-        while not stop.wait(self.sv.poll_s):
+        # sooner than poll_s while a dedicated deployment starts or drains (deploy/stack/reconciler.py)
+        while not stop.wait(max(0.05, min(self.sv.poll_s, self.dedicated.next_look - time.monotonic()))):
             try:
                 self.tick()
             except Exception:  # one bad look must not end the supervision
