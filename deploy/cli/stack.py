@@ -41,16 +41,31 @@ def manifests(
     profile: str = typer.Option("gb200-nvl72", "--profile", "-p", help="a profile with a [cluster] section"),
     set_: Optional[list[str]] = SetOpt,
     out: Optional[Path] = typer.Option(None, help="write here instead of standard output"),
+    dedicated: Optional[Path] = typer.Option(
+        None, help="the dedicated deployments' desired state (default: the profile's <home>/deployments.json, if any)"
+    ),
     check: bool = typer.Option(
         True, help="validate offline (Kubernetes schemas, the Dynamo graph schema, Dynamo's and vLLM's own argument parsers)"
     ),
 ):
-    """Render the Kubernetes manifests (Dynamo operator graph, Mooncake, IMEX domain) for a cluster profile."""
-    from deploy.cluster.manifests import render, to_yaml
+    """Render the Kubernetes manifests (Dynamo operator graph, Mooncake, IMEX domain) for a cluster
+    profile, and one Dynamo graph per dedicated deployment."""
+    import json
+
+    from deploy.cluster.manifests import render, render_dedicated, to_yaml
 
     cfg = _config(profile, set_)
+    state = dedicated or Path(cfg.resolved_gateway().deployments_file)
     try:
-        docs = render(cfg)
+        deployments = list(json.loads(state.read_text()).values()) if state.exists() else []
+    except ValueError as exc:
+        console.print(f"[red]cannot read {state}:[/] {exc}")
+        raise typer.Exit(2)
+    if dedicated is not None and not state.exists():
+        console.print(f"[red]no such file:[/] {state}")
+        raise typer.Exit(2)
+    try:
+        docs = render(cfg) + render_dedicated(cfg, deployments)
     except ValueError as exc:
         console.print(f"[red]cannot render {profile}:[/] {exc}")
         raise typer.Exit(2)

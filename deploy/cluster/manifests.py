@@ -66,24 +66,17 @@ def mooncake_config(c: ClusterConfig) -> dict:
     )
 
 
-def worker_args(cfg: StackConfig, role: str) -> list[str]:
+def worker_args(cfg: StackConfig, role: str, model: str | None = None, served: str | None = None) -> list[str]:
+    """A worker of ``role`` (prefill, decode, or aggregated: a dedicated deployment's, in the
+    decode pool's shape, moving no KV) serving ``model`` as ``served`` (default: the cluster's)."""
     c = cfg.cluster
     pool = c.prefill if role == "prefill" else c.decode
-    args = [
-        "--model",
-        c.model,
-        "--served-model-name",
-        cfg.worker.served_model_name,
-        "--disaggregation-mode",
-        role,
-        "--kv-cache-dtype",
-        c.kv_cache_dtype,
-        "--block-size",
-        str(c.block_size),
-        "--enable-prefix-caching",
-        "--kv-transfer-config",
-        json.dumps(kv_transfer_config(c), separators=(",", ":")),
-    ]
+    args = ["--model", model or c.model, "--served-model-name", served or cfg.worker.served_model_name]
+    if role != "aggregated":
+        args += ["--disaggregation-mode", role]
+    args += ["--kv-cache-dtype", c.kv_cache_dtype, "--block-size", str(c.block_size), "--enable-prefix-caching"]
+    if role != "aggregated":
+        args += ["--kv-transfer-config", json.dumps(kv_transfer_config(c), separators=(",", ":"))]
     if pool.parallel == "dep":
         args += ["--data-parallel-size", str(pool.gpus), "--enable-expert-parallel"]
     else:
@@ -224,6 +217,51 @@ def render(cfg: StackConfig) -> list[dict]:
         },
     }
     return [domain, *_mooncake_master(c), graph]
+
+
+def render_dedicated(cfg: StackConfig, deployments: list[dict]) -> list[dict]:
+    """One DynamoGraphDeployment per dedicated deployment (the gateway's desired state,
+    serve/deployments.py): its own frontend and ``replicas`` aggregated workers of the decode
+    pool's shape, serving its checkpoint (a path the workers mount) or the cluster's model, a
+    LoRA checkpoint as an adapter over it. Deleted and stopped deployments render nothing."""
+    c = cfg.cluster
+    docs = []
+    for dep in deployments:
+        if dep.get("status") in ("DELETING", "STOPPED", "FAILED"):
+            continue
+        lora = dep.get("lora_path")
+        own_weights = dep["checkpoint_version"] != "base" and not lora
+        args = worker_args(
+            cfg, "aggregated", dep["model_path"] if own_weights else None, dep["served_model"] + ("@base" if lora else "")
+        )
+        worker = _worker(cfg, "decode")
+        worker["replicas"] = dep["replicas"]["desired"]
+        worker["extraPodSpec"]["mainContainer"]["args"] = args + (["--enable-lora"] if lora else [])
+        if lora:  # loaded through each worker's LoRA route once it is up, as the local supervisor does
+            worker["envs"] += _env({"DYN_LORA_ENABLED": "true"})
+        worker.pop("subComponentType")
+        worker.pop("multinode", None)
+        worker["resources"]["limits"]["gpu"] = str(min(c.decode.gpus, c.gpus_per_node))
+        frontend = _frontend(cfg)
+        frontend["replicas"] = 1
+        docs.append(
+            {
+                "apiVersion": "nvidia.com/v1alpha1",
+                "kind": "DynamoGraphDeployment",
+                "metadata": {
+                    "name": f"{c.name}-{dep['id']}",
+                    "namespace": c.namespace,
+                    "labels": {"app.kubernetes.io/part-of": "flywheel", "flywheel/team": dep["team"]},
+                    "annotations": {
+                        "flywheel/served-model": dep["served_model"],
+                        "flywheel/checkpoint-version": dep["checkpoint_version"],
+                        **({"flywheel/lora-path": lora} if lora else {}),
+                    },
+                },
+                "spec": {"backendFramework": "vllm", "services": {"Frontend": frontend, "VllmWorker": worker}},
+            }
+        )
+    return docs
 
 
 def to_yaml(docs: list[dict], cfg: StackConfig) -> str:

@@ -6,15 +6,20 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from deploy.cli.loop import run_loop
 from loop.config import LoopConfig
 from loop.phases import Loop
 from loop.state import LoopState
+from feedback.registry import Registry
+from serve.keys import KeyStore
 from tests.integration.conftest import LOCAL_STACK
+from tests.integration.weights_check import PROMPT_IDS, greedy_gaps, served_greedy
 from traces.store import TraceStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("base_afterwards")]
@@ -50,6 +55,43 @@ def test_loop_on_an_environment_the_test_defines_raises_its_eval_reward_in_two_t
     ckpt = Registry(stack.home_path / "checkpoints.json").get(result["turns"][2]["version"])
     assert (ckpt.env, ckpt.turn, ckpt.parent) == (HEAD_ENV, 2, result["turns"][1]["version"])
     assert ckpt.dataset["kind"] == "rl" and ckpt.dataset["rows"] == 32 * 8
+
+
+def test_the_loops_checkpoint_deployed_dedicated_serves_its_weights_to_its_team_alone(stack):
+    """A checkpoint `flywheel loop` registered, on capacity of its own for team alpha, while the
+    serverless deployment keeps serving: alpha's greedy tokens are that checkpoint's (a Hugging
+    Face forward of it says so), and to beta it does not exist."""
+    made = [c for c in Registry(stack.home_path / "checkpoints.json").list() if c.env == HEAD_ENV]
+    assert made, "the loop test before this one registers the checkpoints"
+    ckpt = max(made, key=lambda c: c.turn)
+    gw = stack.resolved_gateway()
+    url, admin = gw.url, {"Authorization": f"Bearer {stack.admin_key()}"}
+    keys = KeyStore(gw.keys_file)
+    alpha, beta = ({"Authorization": f"Bearer {keys.create(team)[1]}"} for team in ("alpha", "beta"))
+    created = httpx.post(f"{url}/v1/deployments", headers=admin, json={"model": ckpt.version, "name": "loop", "team": "alpha"})
+    assert created.status_code == 202, created.text
+    dep = created.json()
+    try:
+        t0 = time.monotonic()
+        while (got := httpx.get(f"{url}/v1/deployments/{dep['id']}", headers=admin).json())["status"] != "RUNNING":
+            assert got["status"] == "DEPLOYING" and time.monotonic() - t0 < 600, got
+            assert served_greedy(url, {}) is not None  # the serverless deployment serves meanwhile
+            time.sleep(1)
+        served = served_greedy(url, alpha, model="alpha/loop")
+        gaps = greedy_gaps(ckpt.base_model, served, ckpt.path) if ckpt.kind == "lora" else greedy_gaps(ckpt.path, served)
+        print(f"\n{ckpt.version} ({ckpt.kind}) dedicated: served {served}, max gap to its argmax {max(gaps):.4f}")
+        assert max(gaps) < 0.1, (served, gaps)
+        body = {"model": "alpha/loop", "token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 2}}
+        refused = httpx.post(f"{url}/inference/v1/generate", headers=beta, json=body, timeout=60)
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found", refused.text
+        assert "alpha/loop" not in [m["id"] for m in httpx.get(f"{url}/v1/models", headers=beta).json()["data"]]
+        assert "alpha/loop" in [m["id"] for m in httpx.get(f"{url}/v1/models", headers=alpha).json()["data"]]
+    finally:
+        httpx.delete(f"{url}/v1/deployments/{dep['id']}", headers=admin)
+        t0 = time.monotonic()
+        while httpx.get(f"{url}/v1/deployments/{dep['id']}", headers=admin).status_code != 404:
+            assert time.monotonic() - t0 < 120, "the dedicated deployment was not deleted"
+            time.sleep(0.5)
 
 
 def test_a_loop_that_crashed_mid_turn_resumes_from_its_last_completed_phase(stack, monkeypatch):

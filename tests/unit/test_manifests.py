@@ -102,3 +102,54 @@ def test_shapes_the_rack_cannot_hold_are_refused_before_rendering():
         render(load_config("gb200-nvl72", ["cluster.decode.replicas=20"], environ={}))
     with pytest.raises(ValueError, match="whole 4-GPU nodes"):
         render(load_config("gb200-nvl72", ["cluster.prefill.gpus=6"], environ={}))
+
+
+def test_each_dedicated_deployment_is_a_graph_of_its_own_that_validates(cfg, tmp_path):
+    """`flywheel manifests` renders the gateway's desired state: one DynamoGraphDeployment per
+    live dedicated deployment, its replicas, its checkpoint, its team's name on it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from deploy.cli.main import app
+
+    def dep(dep_id, version, replicas, status="RUNNING", lora=None):
+        return {
+            "id": dep_id,
+            "team": "red",
+            "served_model": f"red/{version}",
+            "checkpoint_version": version,
+            "model_path": f"/checkpoints/{version}",
+            "lora_path": lora,
+            "replicas": {"desired": replicas},
+            "status": status,
+        }
+
+    state = {
+        "dep-00000000000a": dep("dep-00000000000a", "v3", 3),
+        "dep-00000000000b": dep("dep-00000000000b", "l1", 1, lora="/checkpoints/l1"),
+        "dep-00000000000c": dep("dep-00000000000c", "base", 2),
+        "dep-00000000000d": dep("dep-00000000000d", "v2", 1, status="DELETING"),
+    }
+    path = tmp_path / "deployments.json"
+    path.write_text(json.dumps(state))
+    out = tmp_path / "all.yaml"
+    result = CliRunner().invoke(app, ["manifests", "--dedicated", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert validate(docs) == []
+    name = cfg.cluster.name
+    graphs = {d["metadata"]["name"].removeprefix(name): d for d in docs if d["kind"] == "DynamoGraphDeployment"}
+    assert set(graphs) == {"", "-dep-00000000000a", "-dep-00000000000b", "-dep-00000000000c"}  # not the deleting one
+    full = graphs["-dep-00000000000a"]
+    worker = full["spec"]["services"]["VllmWorker"]
+    args = args_of(worker)
+    assert worker["replicas"] == 3 and full["metadata"]["labels"]["flywheel/team"] == "red"
+    assert args["--model"] == "/checkpoints/v3" and args["--served-model-name"] == "red/v3"
+    assert "--disaggregation-mode" not in args and "--kv-transfer-config" not in args
+    lora = graphs["-dep-00000000000b"]
+    assert args_of(lora["spec"]["services"]["VllmWorker"])["--model"] == cfg.cluster.model
+    assert lora["metadata"]["annotations"]["flywheel/lora-path"] == "/checkpoints/l1"
+    assert args_of(graphs["-dep-00000000000c"]["spec"]["services"]["VllmWorker"])["--model"] == cfg.cluster.model
+    missing = CliRunner().invoke(app, ["manifests", "--dedicated", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "no such file" in missing.output
