@@ -56,8 +56,15 @@ async def usage(request: Request, web: Web = Depends(web_of)):
         day = str(r["day"])
         tokens[day] = tokens.get(day, 0) + r["input_tokens"] + r["output_tokens"]
         cost[day] = cost.get(day, 0.0) + r["cost_usd"]
+    # dedicated deployments are billed by replica time, not tokens: their own table
+    dedicated = request.app.state.parts.deployments.visible(session.caller)
     return web.page(
-        "usage.html", session, rows=rows, tokens_chart=bars(list(tokens.items())), cost_chart=bars(list(cost.items()))
+        "usage.html",
+        session,
+        rows=rows,
+        tokens_chart=bars(list(tokens.items())),
+        cost_chart=bars(list(cost.items())),
+        dedicated=dedicated,
     )
 
 
