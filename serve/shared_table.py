@@ -54,11 +54,11 @@ class SharedTable(MutableMapping, Generic[Record]):
 
     def __setitem__(self, key: str, row: Record) -> None:
         self._rows[key] = row
-        self._changed()
+        self._changed(key)
 
     def __delitem__(self, key: str) -> None:
         del self._rows[key]
-        self._changed()
+        self._changed(key)
 
     # -- sharing and persistence ----------------------------------------------------------------
 
@@ -73,9 +73,21 @@ class SharedTable(MutableMapping, Generic[Record]):
             return False
         return version != self._version and self._pull()
 
-    def _changed(self) -> None:
+    def _changed(self, key: str) -> None:
+        """Write the one row that changed (a replica that has not yet taken up another's change
+        must not write it away), then count a new version."""
         self._write_file()
-        self._push()
+
+        def write(client):
+            with client.pipeline(transaction=True) as pipe:
+                if key in self._rows:
+                    pipe.hset(self.hash, key, self._rows[key].model_dump_json())
+                else:
+                    pipe.hdel(self.hash, key)
+                pipe.incr(self.version_key)
+                return str(pipe.execute()[-1])
+
+        self._shared(self.state.call(write))
 
     def _pull(self) -> bool:
         def read(client):
@@ -100,12 +112,18 @@ class SharedTable(MutableMapping, Generic[Record]):
                 pipe.incr(self.version_key)
                 return str(pipe.execute()[-1])
 
-        version = self.state.call(write)
+        self._shared(self.state.call(write))
+
+    def _shared(self, version) -> None:
         if version is LOCAL:
             if self.state.redis_url:
                 log.warning("change to %s not shared (Redis unreachable); it is saved in %s", self.hash, self.path)
             return
-        self._version = version
+        # a version one past ours: only our change came in between; else take up the others'
+        if self._version is not None and version != str(int(self._version) + 1):
+            self._pull()
+        else:
+            self._version = version
 
     def _read_file(self) -> dict[str, Record] | None:
         if self.path is None or not self.path.exists():
