@@ -43,6 +43,7 @@ HOLDS_SLOTS = ("DEPLOYING", "RUNNING", "SCALING", "DELETING")  # its processes r
 ROUTABLE = ("RUNNING", "SCALING")
 ID_PREFIX = "dep-"
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+TEAM = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as serve/keys.py allows
 
 
 class Replicas(BaseModel):
@@ -139,6 +140,8 @@ class Deployments:
         team = req.team if (caller.admin and req.team) else caller.team
         if req.team and not caller.admin and req.team != caller.team:
             raise APIError(403, "only the admin key creates deployments for another team", param="team", type="permission_error")
+        if not TEAM.match(team):
+            raise APIError(400, f"invalid team {team!r}: letters, digits, '-' and '_'", param="team")
         version, model_path, lora_path = self._resolve(caller, team, req.model)
         name = req.name or version
         if not NAME.match(name):

@@ -20,6 +20,7 @@ from deploy.stack.adapters import reload_adapters
 from deploy.stack import host_tier
 from deploy.stack.config import StackConfig
 from deploy.stack.dynamo_graph import deployment_components
+from deploy.stack.graphs import graph_processes
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
 from deploy.stack.reconciler import Reconciler
 from deploy.stack.slots import worker_index
@@ -209,6 +210,20 @@ def status(cfg: StackConfig) -> list[dict]:
                 "log": str(pm.log_file(comp.name)),
             }
         )
+    for names in graph_processes(cfg.run_dir).values():  # dedicated deployments' (the supervisor's to heal)
+        for name in sorted(names):
+            pid = pm.pid(name)
+            rows.append(
+                {
+                    "name": name,
+                    "pid": pid,
+                    "url": None,
+                    "healthy": pid is not None,
+                    "restarts": 0,
+                    "last_exit": None if pid else pm.exit_reason(name),
+                    "log": str(pm.log_file(name)),
+                }
+            )
     sup = pm.pid("supervisor")
     rows.append(
         {

@@ -18,7 +18,7 @@ import pytest
 
 from deploy.stack.config import load_config
 from deploy.stack.graphs import graph_processes
-from deploy.stack.launcher import down, up
+from deploy.stack.launcher import down, status, up
 from deploy.stack.processes import ProcessManager
 from feedback.registry import Registry
 from serve.keys import KeyStore
@@ -291,6 +291,8 @@ def test_kill_9_then_down_and_up_brings_every_deployment_back(dedicated, keys):
     with api(dedicated) as c:
         dep = c.post("/v1/deployments", json={"model": "tiny", "name": "durable", "replicas": 2}, headers=keys["alpha"]).json()
     wait_for(dedicated, dep["id"], "RUNNING", 2)
+    shown = {r["name"]: r for r in status(dedicated)}  # `flywheel status` lists its processes
+    assert shown[f"worker-1-{dep['id']}"]["healthy"] and shown[f"frontend-{dep['id']}"]["pid"]
     pm = ProcessManager(dedicated.run_dir)
     for name in ("supervisor", "gateway"):
         os.killpg(pm.pid(name), signal.SIGKILL)
