@@ -25,7 +25,7 @@ from deploy.stack.graphs import graph_config
 from deploy.stack.launcher import start_components
 from deploy.stack.processes import ProcessManager
 
-BODY = {"messages": [{"role": "user", "content": "bench"}], "max_tokens": 512}
+BODY = {"messages": [{"role": "user", "content": "bench"}]}
 
 
 def bare_start(cfg) -> tuple[float, float]:
@@ -95,8 +95,10 @@ def main() -> None:
     ap.add_argument("-p", "--profile", default="sim")
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     ap.add_argument("--rate", type=float, default=10.0)
+    ap.add_argument("--max-tokens", type=int, default=512, help="per request (long enough to be in flight at a delete)")
     ap.add_argument("--model", default=None, help="what to deploy (default: the profile's served model)")
     args = ap.parse_args()
+    BODY["max_tokens"] = args.max_tokens
     cfg = load_config(args.profile, args.overrides)
     url, headers = cfg.resolved_gateway().url, {"Authorization": f"Bearer {cfg.admin_key()}"}
     c = httpx.Client(base_url=url, headers=headers, timeout=30)
