@@ -25,6 +25,7 @@ import re
 import secrets
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -35,13 +36,14 @@ from serve.auth import Caller
 from serve.config import Capacity, Deployment, GatewayConfig, ModelRoute, StrictModel
 from serve.errors import APIError, model_not_found
 from serve.routes import RouteTable
-from serve.shared_state import SharedState
+from serve.shared_state import LOCAL, SharedState
 from serve.shared_table import SharedTable
 
 Status = Literal["DEPLOYING", "RUNNING", "SCALING", "DELETING", "STOPPED", "FAILED"]
 HOLDS_SLOTS = ("DEPLOYING", "RUNNING", "SCALING", "DELETING")  # its processes run (or are starting)
 ROUTABLE = ("RUNNING", "SCALING")
 ID_PREFIX = "dep-"
+LOCK = "flywheel:deployments:lock"
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 TEAM = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as serve/keys.py allows
 
@@ -106,7 +108,7 @@ class Observed(StrictModel):
 
 class Deployments:
     def __init__(self, config: GatewayConfig, state: SharedState, routes: RouteTable, admission: Admission):
-        self.config, self.routes, self.admission = config, routes, admission
+        self.config, self.routes, self.admission, self.state = config, routes, admission, state
         self.table: SharedTable[DedicatedDeployment] = SharedTable(
             DedicatedDeployment, "flywheel:deployments", {}, state, config.deployments_file
         )
@@ -147,7 +149,7 @@ class Deployments:
         if not NAME.match(name):
             raise APIError(400, f"invalid name {name!r}: lower-case letters, digits, '.', '_' and '-', at most 63", param="name")
         self._check_replicas(req.replicas)
-        with self._lock:
+        with self._exclusive():
             served = f"{team}/{name}"
             if any(d.served_model == served for d in self.table.values()):
                 raise APIError(409, f"team {team!r} already has a deployment named {name!r}", param="name", code="conflict")
@@ -170,7 +172,7 @@ class Deployments:
 
     def scale(self, caller: Caller, dep_id: str, replicas: int) -> DedicatedDeployment:
         self._check_replicas(replicas)
-        with self._lock:
+        with self._exclusive():
             dep = self.get(caller, dep_id).model_copy(deep=True)
             if dep.status not in ("DEPLOYING", "RUNNING", "SCALING"):
                 raise APIError(409, f"deployment {dep_id} is {dep.status}: it cannot be scaled", code="conflict")
@@ -186,7 +188,7 @@ class Deployments:
 
     def delete(self, caller: Caller, dep_id: str) -> DedicatedDeployment:
         """Out of routing now; the supervisor stops the graph once its requests have finished."""
-        with self._lock:
+        with self._exclusive():
             dep = self.get(caller, dep_id).model_copy(deep=True)
             if dep.status != "DELETING":
                 self._bill(dep, time.time())
@@ -197,7 +199,7 @@ class Deployments:
     def observe(self, dep_id: str, seen: Observed) -> DedicatedDeployment | None:
         """The supervisor's report: replicas ready, where the graph listens; charge the time since
         the last charge; move the status on. None once a deleted deployment is gone."""
-        with self._lock:
+        with self._exclusive():
             dep = self.table.get(dep_id)
             if dep is None:
                 return None
@@ -224,6 +226,28 @@ class Deployments:
             return dep
 
     # -- inside -----------------------------------------------------------------------------------
+
+    @contextmanager
+    def _exclusive(self):
+        """One change at a time across every replica (a Redis lock, when there is Redis), made on
+        the table as it is now: two creates through two replicas cannot both take the last slots."""
+        with self._lock:
+            lock = self.state.call(lambda client: client.lock(LOCK, timeout=10, blocking_timeout=5))
+            held = lock is not LOCAL and self.state.call(lambda _: lock.acquire())
+            if lock is not LOCAL and held is False:
+                raise APIError(503, "deployments are being changed through another gateway; retry", type="server_error")
+            try:
+                if held is True:
+                    self.refresh()
+                yield
+            finally:
+                if held is True:
+                    from redis.exceptions import LockError
+
+                    try:
+                        self.state.call(lambda _: lock.release())
+                    except LockError:  # it lapsed (after 10 s): nothing left to release
+                        pass
 
     def _bill(self, dep: DedicatedDeployment, now: float) -> None:
         """Charge the replicas ready since the last charge; stop the deployment when its team's

@@ -7,6 +7,8 @@ scope. Another team's deployment answers 404, as one that does not exist.
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
@@ -39,7 +41,8 @@ def _shown(gw: GatewayParts, caller: Caller, dep: DedicatedDeployment) -> dict:
 async def create_deployment(request: Request, gw: GatewayParts = Depends(parts)):
     caller = gw.caller(request)
     require_scope(caller, "deployments")
-    dep = gw.deployments.create(caller, _body(CreateRequest, await request.body()))
+    # in a thread: a change waits for the lock other gateway replicas may hold
+    dep = await asyncio.to_thread(gw.deployments.create, caller, _body(CreateRequest, await request.body()))
     return JSONResponse(_shown(gw, caller, dep), status_code=202)
 
 
@@ -64,19 +67,21 @@ async def scale_deployment(dep_id: str, request: Request, gw: GatewayParts = Dep
     caller = gw.caller(request)
     require_scope(caller, "deployments")
     replicas = _body(ScaleRequest, await request.body()).replicas
-    return JSONResponse(_shown(gw, caller, gw.deployments.scale(caller, dep_id, replicas)), status_code=202)
+    dep = await asyncio.to_thread(gw.deployments.scale, caller, dep_id, replicas)
+    return JSONResponse(_shown(gw, caller, dep), status_code=202)
 
 
 @router.delete("/v1/deployments/{dep_id}", status_code=202)
 async def delete_deployment(dep_id: str, request: Request, gw: GatewayParts = Depends(parts)):
     caller = gw.caller(request)
     require_scope(caller, "deployments")
-    return JSONResponse(_shown(gw, caller, gw.deployments.delete(caller, dep_id)), status_code=202)
+    dep = await asyncio.to_thread(gw.deployments.delete, caller, dep_id)
+    return JSONResponse(_shown(gw, caller, dep), status_code=202)
 
 
 @router.post("/admin/deployments/{dep_id}/observed", openapi_extra=json_body(Observed), include_in_schema=False)
 async def observed(dep_id: str, request: Request, gw: GatewayParts = Depends(parts)):
     """The supervisor's report on one deployment's graph."""
     gw.require_admin(request)
-    dep = gw.deployments.observe(dep_id, _body(Observed, await request.body()))
+    dep = await asyncio.to_thread(gw.deployments.observe, dep_id, _body(Observed, await request.body()))
     return {"id": dep_id, "gone": dep is None, "status": dep.status if dep else None}
