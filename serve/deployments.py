@@ -151,7 +151,8 @@ class Deployments:
         self._check_replicas(req.replicas)
         with self._exclusive():
             served = f"{team}/{name}"
-            if any(d.served_model == served for d in self.table.values()):
+            taken = served in self.routes and not self.routes[served].deployment.startswith(ID_PREFIX)  # an alias
+            if taken or any(d.served_model == served for d in self.table.values()):
                 raise APIError(409, f"team {team!r} already has a deployment named {name!r}", param="name", code="conflict")
             self._fit(req.replicas * self.config.pool.slots_per_replica)
             dep = DedicatedDeployment(
