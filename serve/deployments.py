@@ -51,6 +51,12 @@ TEAM = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as serve/keys.py allows
 class Replicas(BaseModel):
     desired: int
     ready: int = 0
+    draining: int = Field(0, description="scaled away, out of routing, finishing their requests")
+
+    @property
+    def held(self) -> int:
+        """Replicas whose slots are taken: a draining one still runs."""
+        return max(self.desired, self.ready + self.draining)
 
 
 class DedicatedDeployment(BaseModel):
@@ -99,6 +105,7 @@ class Observed(StrictModel):
     """What the supervisor saw of one deployment's graph."""
 
     ready: int = Field(ge=0)
+    draining: int = Field(0, ge=0)
     url: str | None = None
     admin_urls: list[str] = Field(default_factory=list)
     max_model_len: int | None = None
@@ -131,7 +138,7 @@ class Deployments:
     def pool(self) -> dict:
         """Slots in all, held and free."""
         held = self.config.pool.serverless_slots + sum(
-            d.replicas.desired * d.slots_per_replica for d in self.table.values() if d.status in HOLDS_SLOTS
+            d.replicas.held * d.slots_per_replica for d in self.table.values() if d.status in HOLDS_SLOTS
         )
         total = self.config.pool.slots or 0
         return {"slots": total, "held": held, "free": max(0, total - held)}
@@ -177,7 +184,8 @@ class Deployments:
             dep = self.get(caller, dep_id).model_copy(deep=True)
             if dep.status not in ("DEPLOYING", "RUNNING", "SCALING"):
                 raise APIError(409, f"deployment {dep_id} is {dep.status}: it cannot be scaled", code="conflict")
-            more = (replicas - dep.replicas.desired) * dep.slots_per_replica
+            busy = dep.replicas.ready + dep.replicas.draining
+            more = (max(replicas, busy) - dep.replicas.held) * dep.slots_per_replica
             if more > 0:
                 self._fit(more)
             self._bill(dep, time.time())
@@ -211,13 +219,13 @@ class Deployments:
                 del self.table[dep_id]
                 self._apply()
                 return None
-            dep.replicas.ready = seen.ready
+            dep.replicas.ready, dep.replicas.draining = seen.ready, seen.draining
             if seen.url:
                 dep.url, dep.admin_urls, dep.max_model_len = seen.url, seen.admin_urls, seen.max_model_len
             if dep.status in ("DEPLOYING", "RUNNING", "SCALING"):
                 if seen.failed:
                     dep.status, dep.reason = "FAILED", seen.failed
-                elif seen.ready == dep.replicas.desired:
+                elif seen.ready == dep.replicas.desired and not seen.draining:
                     if dep.running_since is None:
                         dep.running_since = dep.billed_until = now
                     dep.status = "RUNNING"
@@ -251,11 +259,11 @@ class Deployments:
                         pass
 
     def _bill(self, dep: DedicatedDeployment, now: float) -> None:
-        """Charge the replicas ready since the last charge; stop the deployment when its team's
-        budget is spent."""
+        """Charge the replicas ready (or draining) since the last charge; stop the deployment when
+        its team's budget is spent."""
         if dep.status not in ROUTABLE or dep.billed_until is None:
             return
-        replica_s = dep.replicas.ready * max(0.0, now - dep.billed_until)
+        replica_s = (dep.replicas.ready + dep.replicas.draining) * max(0.0, now - dep.billed_until)
         dep.billed_until = now
         price = self.config.prices.get(dep.model) or self.config.prices.get(dep.served_model)
         cost = replica_s * (price.replica_hour_usd if price else 0.0) / 3600

@@ -180,6 +180,9 @@ class DedicatedConfig(StrictModel):
     port_base: int | None = Field(None, description="default: frontend.port + 2000")
     port_step: int = Field(20, ge=8, description="ports each graph may take (its replicas: this - 3)")
     poll_s: float = Field(1.0, gt=0, description="how often the supervisor reads the desired state and reports")
+    drain_timeout_s: float = Field(
+        300, gt=0, description="a replica scaled away stops at most this long after it left routing, finished or not"
+    )
 
 
 class StackConfig(StrictModel):

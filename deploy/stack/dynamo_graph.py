@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import httpx
 
@@ -15,6 +16,11 @@ from deploy.stack.event_broker import broker_url
 from deploy.stack.processes import Component
 
 
+def discovery_dir(cfg: StackConfig) -> Path:
+    """The graph's file discovery: where its workers register and its frontend looks."""
+    return cfg.run_dir / f"discovery{cfg.suffix}"
+
+
 def dynamo_env(cfg: StackConfig) -> dict[str, str]:
     """Dynamo without etcd/NATS: file discovery, TCP requests, ZMQ events through the stack's
     broker, all on loopback."""
@@ -22,7 +28,7 @@ def dynamo_env(cfg: StackConfig) -> dict[str, str]:
     return {
         "DYN_ZMQ_BROKER_URL": broker_url(*cfg.event_broker_ports),
         "DYN_DISCOVERY_BACKEND": "file",
-        "DYN_FILE_KV": str(run / f"discovery{cfg.suffix}"),
+        "DYN_FILE_KV": str(discovery_dir(cfg)),
         "DYN_REQUEST_PLANE": "tcp",
         "DYN_EVENT_PLANE": "zmq",
         "DYN_TCP_RPC_HOST": "127.0.0.1",

@@ -12,8 +12,9 @@ Every ``dedicated.poll_s`` it reads every deployment from the gateway (admin key
 A graph of a deployment the gateway no longer has is stopped. While the gateway cannot be reached
 nothing is changed: what runs keeps running.
 
-Scale-down: a worker's stop is SIGTERM (Dynamo unregisters it from discovery), then the
-frontend's request migration carries a stream it was serving over to another worker.
+Scale-down drains (deploy/stack/drain.py): a worker scaled away leaves routing, finishes what it
+serves (at most ``dedicated.drain_timeout_s``), then stops; it counts as ``draining`` meanwhile,
+its slot still held and billed. One scaled back up while it drains is started anew once drained.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import httpx
 
 from deploy.stack.config import StackConfig
 from deploy.stack.graphs import graph_config, graph_indexes, graph_processes
-from deploy.stack.dynamo_graph import deployment_components
+from deploy.stack.drain import Drains
+from deploy.stack.dynamo_graph import deployment_components, discovery_dir
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
 from serve.engine_admin import LORA_ROUTE, lora_load_body
 from serve.workers import worker_result
@@ -43,6 +45,7 @@ class Reconciler:
         self.next_look = 0.0
         self.starts: dict[str, int] = {}  # process -> starts since it was last ready
         self.adapter_in: dict[str, int] = {}  # worker -> the pid its adapter was loaded into
+        self.drains = Drains(cfg.dedicated.drain_timeout_s)
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -102,17 +105,29 @@ class Reconciler:
         comps = deployment_components(g)
         workers = [c for c in comps if c.name.startswith("worker-")]
         wanted = {c.name for c in comps}
-        self._stop(sorted(n for n in mine if n not in wanted))  # scaled down
+        for name in sorted(n for n in mine if n not in wanted or n in self.drains):  # scaled down
+            if self._drained(name, dep, g):
+                self._stop([name])
         failed = None
         for comp in comps:
-            if self.pm.pid(comp.name) is None:
+            if comp.name not in self.drains and self.pm.pid(comp.name) is None:
                 failed = failed or self._start(comp)
-        ready = sum(self._ready(dep, g, i, c) for i, c in enumerate(workers))
+        ready = sum(c.name not in self.drains and self._ready(dep, g, i, c) for i, c in enumerate(workers))
         return self._seen(dep, g, ready, failed)
 
+    def _drained(self, name: str, dep: dict, g: StackConfig) -> bool:
+        """Whether ``name``, no longer wanted, may stop now: a worker once it has drained."""
+        index = name.removeprefix("worker-").removesuffix(g.suffix)
+        if not (name.startswith("worker-") and index.isdigit()) or self.pm.pid(name) is None:
+            self.drains.forget(name)
+            return True
+        return self.drains.step(name, g.worker_admin_url(int(index)), discovery_dir(g))
+
     def _seen(self, dep: dict, g: StackConfig, ready: int, failed: str | None = None) -> dict:
+        mine = graph_processes(self.cfg.run_dir).get(dep["id"], [])
         return {
             "ready": ready,
+            "draining": sum(n in self.drains for n in mine),
             "url": g.frontend_url,
             "admin_urls": [g.worker_admin_url(i) for i in range(g.worker.count)],
             "max_model_len": g.worker.max_model_len,
@@ -154,3 +169,4 @@ class Reconciler:
         for name in names:
             self.pm.stop(name, timeout=10)
             self.starts.pop(name, None)
+            self.drains.forget(name)

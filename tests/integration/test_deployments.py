@@ -31,7 +31,7 @@ SETS = [
     "frontend.port=23100",
     "worker.system_port_base=23200",
     "worker.nixl_port_base=15900",
-    "worker.speedup_ratio=20",
+    "worker.speedup_ratio=0.5",  # half real speed: a long stream outlasts a stop's SIGKILL timeout (10 s)
     "worker.count=1",
     "redis.enabled=true",
     "redis.port=23390",
@@ -184,11 +184,45 @@ def test_a_teams_checkpoint_deployed_dedicated_is_its_own(dedicated, keys):
         assert refused["status"] == "failed" and [e["code"] for e in refused["errors"]["data"]] == ["model_not_found"], refused
 
 
+LONG = 1500  # tokens: ~20 s at this speed, beyond the 10 s a plain stop waits before SIGKILL
+
+
+def long_stream(cfg, headers: dict, model: str, i: int, started: threading.Event, out: list) -> None:
+    """One streamed request of LONG tokens; appends (status, tokens, finish_reason, response id)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"a long answer {i}"}],
+        "max_tokens": LONG,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    tokens, finish, response_id = 0, None, None
+    with api(cfg) as c, c.stream("POST", "/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
+        for line in r.iter_lines():
+            started.set()
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            response_id = chunk.get("id", response_id)
+            tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
+            finish = next((ch["finish_reason"] for ch in chunk["choices"] if ch.get("finish_reason")), finish)
+        out.append((r.status_code, tokens, finish, response_id))
+
+
+def migrations(frontend_url: str) -> float:
+    """Streams the graph's frontend moved to another worker after theirs went away."""
+    text = httpx.get(f"{frontend_url}/metrics", timeout=5).text
+    counts = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith("dynamo_frontend_model_migration_total")]
+    return sum(map(float, counts))
+
+
 def test_scale_1_3_1_under_load_fails_nothing_and_every_replica_serves(dedicated, keys):
     with api(dedicated) as c:
         dep = c.post("/v1/deployments", json={"model": "tiny", "name": "load"}, headers=keys["alpha"]).json()
     wait_for(dedicated, dep["id"], "RUNNING", 1)
     sent, failed, stop = [], [], threading.Event()
+    streams, done = [], []  # the long streams' threads, and what each saw
 
     def traffic():  # 10 requests a second until stopped
         with api(dedicated) as c:
@@ -207,14 +241,28 @@ def test_scale_1_3_1_under_load_fails_nothing_and_every_replica_serves(dedicated
     try:
         with api(dedicated) as c:
             assert c.post(f"/v1/deployments/{dep['id']}/scale", json={"replicas": 3}, headers=keys["alpha"]).status_code == 202
-            wait_for(dedicated, dep["id"], "RUNNING", 3)
+            graph_url = wait_for(dedicated, dep["id"], "RUNNING", 3)["url"]
             time.sleep(3)  # traffic over all three
+            # long streams spread over the three, still running when two replicas are scaled away
+            for i in range(9):
+                started = threading.Event()
+                args = (dedicated, keys["alpha"], "alpha/load", i, started, done)
+                streams.append(threading.Thread(target=long_stream, args=args))
+                streams[-1].start()
+                assert started.wait(30), "a long stream did not start"
             assert c.post(f"/v1/deployments/{dep['id']}/scale", json={"replicas": 1}, headers=keys["alpha"]).status_code == 202
-            wait_for(dedicated, dep["id"], "RUNNING", 1)
+            draining = wait_for(dedicated, dep["id"], "SCALING", 1)
+            assert draining["replicas"]["draining"] == 2, draining["replicas"]
+            wait_for(dedicated, dep["id"], "RUNNING", 1)  # drained: the two stopped
             time.sleep(2)
     finally:
         stop.set()
         runner.join()
+        for t in streams:
+            t.join()
+    # every long stream finished where it ran: whole, and none moved to another worker
+    assert sorted(d[:3] for d in done) == [(200, LONG, "length")] * 9, done
+    assert migrations(graph_url) == 0
     workers = [n for n in graph_processes(dedicated.run_dir).get(dep["id"], []) if n.startswith("worker-")]
     assert workers == [f"worker-0-{dep['id']}"], workers  # the two scaled away are stopped
     assert len(sent) >= 50 and failed == [], (len(sent), failed[:5])
@@ -228,6 +276,11 @@ def test_scale_1_3_1_under_load_fails_nothing_and_every_replica_serves(dedicated
             break
         time.sleep(0.5)
     assert len(set(rows)) >= 3, rows
+    ids = ", ".join(f"'{d[3]}'" for d in done)
+    served_long = (
+        store.sql(f"SELECT DISTINCT worker_id FROM traces WHERE gen_ai_response_id IN ({ids})").column("worker_id").to_pylist()
+    )
+    assert len(served_long) >= 2, served_long  # some ran on the replicas scaled away
     with api(dedicated) as c:
         c.delete(f"/v1/deployments/{dep['id']}", headers=keys["alpha"])
     wait_gone(dedicated, dep["id"])

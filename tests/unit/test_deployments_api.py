@@ -44,7 +44,8 @@ def test_a_dedicated_deployment_through_its_life_as_the_gateway_sees_it(tmp_path
         r = client.post("/v1/deployments", json={"model": "red-v1", "replicas": 2}, headers=red_ops)
         assert r.status_code == 202, r.text
         dep = r.json()
-        assert (dep["status"], dep["served_model"], dep["replicas"]) == ("DEPLOYING", "red/red-v1", {"desired": 2, "ready": 0})
+        assert (dep["status"], dep["served_model"]) == ("DEPLOYING", "red/red-v1")
+        assert dep["replicas"] == {"desired": 2, "ready": 0, "draining": 0}
         again = client.post("/v1/deployments", json={"model": "red-v1"}, headers=red_ops)
         assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"  # the same name twice
         # not routable before it runs; the supervisor's report makes it so, for red alone
@@ -74,6 +75,17 @@ def test_a_dedicated_deployment_through_its_life_as_the_gateway_sees_it(tmp_path
             page = client.get("/ui/usage").text
             assert (dep["id"] in page) == shown, team
             assert bool(re.search(r"Replica-hours", page))
+        # scale-down: the replica scaled away drains; its slot stays held until it has stopped
+        held = client.get("/v1/deployments", headers=red_ops).json()["capacity"]["held"]
+        assert client.post(f"/v1/deployments/{dep['id']}/scale", json={"replicas": 1}, headers=red_ops).status_code == 202
+        seen = client.post(f"/admin/deployments/{dep['id']}/observed", json={**report, "ready": 1, "draining": 1}, headers=admin)
+        assert seen.json()["status"] == "SCALING"
+        got = client.get(f"/v1/deployments/{dep['id']}", headers=red_ops).json()
+        assert got["replicas"] == {"desired": 1, "ready": 1, "draining": 1}
+        assert client.get("/v1/deployments", headers=red_ops).json()["capacity"]["held"] == held
+        seen = client.post(f"/admin/deployments/{dep['id']}/observed", json={**report, "ready": 1}, headers=admin)
+        assert seen.json()["status"] == "RUNNING"
+        assert client.get("/v1/deployments", headers=red_ops).json()["capacity"]["held"] == held - 1
         # delete: out of routing at once; gone once the supervisor says its graph stopped
         assert client.delete(f"/v1/deployments/{dep['id']}", headers=red_ops).json()["status"] == "DELETING"
         assert "red/red-v1" not in [m["id"] for m in client.get("/v1/models", headers=red_ops).json()["data"]]

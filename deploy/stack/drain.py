@@ -1,0 +1,94 @@
+"""A worker taken out of its graph without failing or cutting a request: first out of routing,
+then what it is serving finishes, then it stops. Dynamo's own scale-down does not do this
+(ai-dynamo/dynamo#13559: what still runs is aborted after a grace period), and a plain SIGTERM
+here is followed by SIGKILL once the stop's timeout passes, whatever the worker still streams.
+
+- Out of routing: the worker's instance entries are removed from the graph's file discovery.
+  The frontend watches that folder and routes nothing new to it (measured: none of 20 requests
+  sent 0.5 s after the removal reached it); the worker's keep-alive refreshes an entry but never
+  writes one back.
+- Finished: the worker's own metrics say no generate request is in flight
+  (``dynamo_component_inflight_requests``), after a grace for a request the frontend routed just
+  before the removal, and at most ``timeout_s`` after it left routing.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+
+log = logging.getLogger("flywheel.drain")
+GENERATE_LOAD = re.compile(
+    r'^dynamo_component_inflight_requests\{[^}]*dynamo_endpoint="generate"[^}]*worker_id="([0-9a-f]+)"[^}]*\} (\d+)',
+    re.M,
+)
+IN_TRANSIT_GRACE_S = 1.0  # a request routed just before the removal reaches the worker within it
+
+
+def worker_load(admin_url: str) -> tuple[str, int] | None:
+    """(the worker's instance id, its generate requests in flight), from its system server's
+    metrics; None when it cannot say (not up, or no generate endpoint yet)."""
+    try:
+        text = httpx.get(f"{admin_url}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return None
+    m = GENERATE_LOAD.search(text)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def leave_routing(discovery_dir: Path, worker_id: str) -> int:
+    """Remove worker ``worker_id``'s instance entries from file discovery; how many there were."""
+    removed = 0
+    suffix = quote(f"/{worker_id}", safe="")
+    for entry in (discovery_dir / "v1" / "instances").glob(f"*{suffix}"):
+        entry.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+@dataclass
+class _Drain:
+    left_at: float
+    worker_id: str | None
+
+
+class Drains:
+    """The workers being drained, by process name; ``step`` is called on every look."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.draining: dict[str, _Drain] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.draining
+
+    def step(self, name: str, admin_url: str, discovery_dir: Path) -> bool:
+        """Move worker ``name`` along its drain; True once it may be stopped."""
+        now = time.monotonic()
+        load = worker_load(admin_url)
+        drain = self.draining.get(name)
+        if drain is None:
+            worker_id = load[0] if load else None
+            if worker_id is not None:
+                leave_routing(discovery_dir, worker_id)
+            drain = self.draining[name] = _Drain(now, worker_id)
+            log.info("%s: out of routing, draining (%s in flight)", name, load[1] if load else "?")
+        if load is None or load[0] != drain.worker_id:  # gone or not answering: nothing to wait for
+            done = True
+        elif now - drain.left_at >= self.timeout_s:
+            log.warning("%s: %d requests still in flight after %.0f s; stopping it", name, load[1], self.timeout_s)
+            done = True
+        else:
+            done = load[1] == 0 and now - drain.left_at >= IN_TRANSIT_GRACE_S
+        if done:
+            self.draining.pop(name)
+        return done
+
+    def forget(self, name: str) -> None:
+        self.draining.pop(name, None)

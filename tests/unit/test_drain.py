@@ -1,0 +1,87 @@
+"""A worker being drained leaves file discovery (its entries only), and may stop only once its own
+metrics say nothing is in flight, or the drain's timeout has passed."""
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import quote
+
+import pytest
+
+from deploy.stack import drain
+from deploy.stack.drain import Drains, leave_routing, worker_load
+
+WORKER, OTHER = "fbbd4dfd8208bc3", "9020d75a8eb7a543"
+
+
+def entry(endpoint: str, worker: str) -> str:
+    return quote(f"dynamo/backend/{endpoint}/{worker}", safe="")
+
+
+@pytest.fixture
+def discovery(tmp_path):
+    instances = tmp_path / "v1" / "instances"
+    instances.mkdir(parents=True)
+    for worker in (WORKER, OTHER):
+        for endpoint in ("generate", f"worker_kv_query_source_{worker[:6]}"):
+            (instances / entry(endpoint, worker)).write_text("{}")
+    (tmp_path / "v1" / "mdc").mkdir()
+    (tmp_path / "v1" / "mdc" / entry("generate", WORKER)).write_text("{}")
+    return tmp_path
+
+
+@pytest.fixture
+def worker_metrics():
+    """A worker's system server: ``in_flight[0]`` generate requests in flight."""
+    in_flight = [2]
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (
+                "# TYPE dynamo_component_inflight_requests gauge\n"
+                'dynamo_component_inflight_requests{dynamo_component="backend",dynamo_endpoint="worker_kv_query_source_x",'
+                f'dynamo_namespace="dynamo",worker_id="{WORKER}"}} 7\n'
+                'dynamo_component_inflight_requests{dynamo_component="backend",dynamo_endpoint="generate",'
+                f'dynamo_namespace="dynamo",worker_id="{WORKER}"}} {in_flight[0]}\n'
+            ).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", in_flight
+    server.shutdown()
+
+
+def test_leaving_routing_removes_that_workers_instances_only(discovery):
+    assert leave_routing(discovery, WORKER) == 2
+    left = sorted(p.name for p in (discovery / "v1" / "instances").iterdir())
+    assert left == sorted([entry("generate", OTHER), entry(f"worker_kv_query_source_{OTHER[:6]}", OTHER)])
+    assert (discovery / "v1" / "mdc" / entry("generate", WORKER)).exists()  # the model stays listed
+    assert leave_routing(discovery, WORKER) == 0  # again: nothing left to remove
+
+
+def test_a_drain_waits_for_the_generate_requests_in_flight(discovery, worker_metrics, monkeypatch):
+    url, in_flight = worker_metrics
+    assert worker_load(url) == (WORKER, 2)  # the generate endpoint's count, not the kv query's
+    monkeypatch.setattr(drain, "IN_TRANSIT_GRACE_S", 0)
+    drains = Drains(timeout_s=3600)
+    assert drains.step("worker-1", url, discovery) is False
+    assert "worker-1" in drains and not list((discovery / "v1" / "instances").glob(f"*{WORKER}"))
+    in_flight[0] = 1
+    assert drains.step("worker-1", url, discovery) is False
+    in_flight[0] = 0
+    assert drains.step("worker-1", url, discovery) is True
+    assert "worker-1" not in drains
+
+
+def test_a_drain_ends_at_its_timeout_or_when_the_worker_stops_answering(discovery, worker_metrics):
+    url, _ = worker_metrics
+    drains = Drains(timeout_s=0)  # two requests stay in flight: the timeout ends it
+    assert drains.step("worker-1", url, discovery) is True
+    drains = Drains(timeout_s=3600)
+    assert drains.step("worker-2", "http://127.0.0.1:9", discovery) is True  # nothing listens there
