@@ -32,6 +32,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from serve.admission import Admission
+from serve.autoscale import Autoscale, Decision, Proposal, ReplicaRange, decide
 from serve.auth import Caller
 from serve.config import Capacity, Deployment, GatewayConfig, ModelRoute, StrictModel
 from serve.errors import APIError, model_not_found
@@ -52,6 +53,8 @@ class Replicas(BaseModel):
     desired: int
     ready: int = 0
     draining: int = Field(0, description="scaled away, out of routing, finishing their requests")
+    min: int | None = Field(None, description="autoscaled between min and max; null: a fixed count")
+    max: int | None = None
 
     @property
     def held(self) -> int:
@@ -83,6 +86,10 @@ class DedicatedDeployment(BaseModel):
     billed_until: float | None = None
     replica_seconds: float = 0.0
     cost_usd: float = 0.0
+    # autoscaling (serve/autoscale.py)
+    autoscale: Autoscale | None = None
+    decisions: list[Decision] = Field(default_factory=list, description="the last autoscaling decisions, newest last")
+    scale_events: dict[str, int] = Field(default_factory=dict, description="'<up|down>:<signal>' -> autoscaled changes")
 
     def public(self, operator: bool) -> dict:
         """The API's deployment object; where the weights and processes are is the operator's."""
@@ -93,12 +100,14 @@ class DedicatedDeployment(BaseModel):
 class CreateRequest(StrictModel):
     model: str = Field(min_length=1, description="a registered checkpoint version or a served base model")
     name: str | None = Field(None, description="served as <team>/<name>; default the checkpoint version")
-    replicas: int = Field(1, ge=1)
+    replicas: int | ReplicaRange = Field(1, description="a fixed count, or {min, max} to autoscale between")
+    autoscale: Autoscale | None = Field(None, description="with replicas {min, max}: the policy's knobs")
     team: str | None = Field(None, description="admin only: whose deployment")
 
 
 class ScaleRequest(StrictModel):
-    replicas: int = Field(ge=1, description="a deployment cannot scale to zero: delete it")
+    replicas: int | ReplicaRange = Field(description="a fixed count, or {min, max} to autoscale between")
+    autoscale: Autoscale | None = Field(None, description="with replicas {min, max}: the policy's knobs")
 
 
 class Observed(StrictModel):
@@ -111,6 +120,7 @@ class Observed(StrictModel):
     max_model_len: int | None = None
     gone: bool = Field(False, description="a DELETING deployment's graph has drained and stopped")
     failed: str | None = Field(None, description="why its graph cannot start")
+    autoscale: Proposal | None = Field(None, description="an autoscaled deployment: what its policy wants")
 
 
 class Deployments:
@@ -155,13 +165,13 @@ class Deployments:
         name = req.name or version
         if not NAME.match(name):
             raise APIError(400, f"invalid name {name!r}: lower-case letters, digits, '.', '_' and '-', at most 63", param="name")
-        self._check_replicas(req.replicas)
+        wanted = self._wanted(req.replicas, req.autoscale)
         with self._exclusive():
             served = f"{team}/{name}"
             taken = served in self.routes and not self.routes[served].deployment.startswith(ID_PREFIX)  # an alias
             if taken or any(d.served_model == served for d in self.table.values()):
                 raise APIError(409, f"team {team!r} already has a deployment named {name!r}", param="name", code="conflict")
-            self._fit(req.replicas * self.config.pool.slots_per_replica)
+            self._fit(wanted.desired * self.config.pool.slots_per_replica)
             dep = DedicatedDeployment(
                 id=ID_PREFIX + secrets.token_hex(6),
                 name=name,
@@ -169,7 +179,8 @@ class Deployments:
                 model=req.model,
                 checkpoint_version=version,
                 served_model=served,
-                replicas=Replicas(desired=req.replicas),
+                replicas=wanted,
+                autoscale=self._knobs(req.replicas, req.autoscale),
                 created_at=int(time.time()),
                 model_path=model_path,
                 lora_path=lora_path,
@@ -178,19 +189,24 @@ class Deployments:
             self.table[dep.id] = dep
             return dep
 
-    def scale(self, caller: Caller, dep_id: str, replicas: int) -> DedicatedDeployment:
-        self._check_replicas(replicas)
+    def scale(self, caller: Caller, dep_id: str, req: ScaleRequest) -> DedicatedDeployment:
+        """A fixed count, or a new range (the desired count brought inside it) and knobs."""
+        wanted = self._wanted(req.replicas, req.autoscale)
         with self._exclusive():
             dep = self.get(caller, dep_id).model_copy(deep=True)
             if dep.status not in ("DEPLOYING", "RUNNING", "SCALING"):
                 raise APIError(409, f"deployment {dep_id} is {dep.status}: it cannot be scaled", code="conflict")
+            if isinstance(req.replicas, ReplicaRange):
+                wanted.desired = min(max(dep.replicas.desired, wanted.min), wanted.max)
             busy = dep.replicas.ready + dep.replicas.draining
-            more = (max(replicas, busy) - dep.replicas.held) * dep.slots_per_replica
+            more = (max(wanted.desired, busy) - dep.replicas.held) * dep.slots_per_replica
             if more > 0:
                 self._fit(more)
             self._bill(dep, time.time())
-            dep.replicas.desired = replicas
-            if dep.status == "RUNNING" and dep.replicas.ready != replicas:
+            r = dep.replicas
+            r.desired, r.min, r.max = wanted.desired, wanted.min, wanted.max
+            dep.autoscale = self._knobs(req.replicas, req.autoscale or dep.autoscale)
+            if dep.status == "RUNNING" and r.ready != r.desired:
                 dep.status = "SCALING"
             self._save(dep)
             return dep
@@ -231,6 +247,8 @@ class Deployments:
                     dep.status = "RUNNING"
                 elif dep.status == "RUNNING":
                     dep.status = "SCALING"  # a replica was lost: the supervisor heals it
+                if dep.autoscale and seen.autoscale and dep.status in ROUTABLE:
+                    decide(dep, seen.autoscale, self.pool()["free"])
             self._save(dep)
             return dep
 
@@ -287,10 +305,25 @@ class Deployments:
                 code="insufficient_capacity",
             )
 
-    def _check_replicas(self, replicas: int) -> None:
+    def _wanted(self, replicas: int | ReplicaRange, autoscale: Autoscale | None) -> Replicas:
+        """The replicas a create or scale asks for (a range starts at its min)."""
         most = self.config.pool.max_replicas
-        if replicas > most:
+        if isinstance(replicas, int):
+            if replicas < 1:
+                raise APIError(400, "replicas must be at least 1 (delete a deployment to free its slots)", param="replicas")
+            if autoscale is not None:
+                raise APIError(400, "autoscale needs replicas as {min, max}", param="autoscale")
+            replicas = ReplicaRange(min=replicas, max=replicas)
+            fixed = True
+        else:
+            fixed = False
+        if replicas.max > most:
             raise APIError(400, f"replicas must be at most {most}", param="replicas")
+        return Replicas(desired=replicas.min, min=None if fixed else replicas.min, max=None if fixed else replicas.max)
+
+    @staticmethod
+    def _knobs(replicas: int | ReplicaRange, autoscale: Autoscale | None) -> Autoscale | None:
+        return None if isinstance(replicas, int) else (autoscale or Autoscale())
 
     def _resolve(self, caller: Caller, team: str, model: str) -> tuple[str, str, str | None]:
         """``model`` as (checkpoint version, the weights its workers start on, its adapter)."""

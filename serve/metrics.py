@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
 class Metrics:
@@ -83,5 +84,32 @@ class Metrics:
     def rejected(self, model: str, team: str, status: int) -> None:
         self._child(self.requests, model, team, str(status)).inc()
 
+    def watch_deployments(self, deployments) -> None:
+        """Dedicated deployments' replicas and autoscaled changes, read from their table at each
+        scrape: the table is shared, so every gateway replica reports the same counts."""
+        self.registry.register(_DeploymentCollector(deployments))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _DeploymentCollector:
+    def __init__(self, deployments):
+        self.deployments = deployments
+
+    def collect(self):
+        replicas = GaugeMetricFamily(
+            "flywheel_deployment_replicas", "a dedicated deployment's replicas", labels=["deployment", "state"]
+        )
+        events = CounterMetricFamily(
+            "flywheel_scale_events", "autoscaled replica changes", labels=["deployment", "direction", "reason"]
+        )
+        for d in self.deployments.table.values():
+            for state, n in d.replicas.model_dump().items():
+                if n is not None:
+                    replicas.add_metric([d.id, state], n)
+            for key, n in d.scale_events.items():
+                direction, reason = key.split(":", 1)
+                events.add_metric([d.id, direction, reason], n)
+        yield replicas
+        yield events

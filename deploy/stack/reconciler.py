@@ -9,6 +9,7 @@ Every ``dedicated.poll_s`` it reads every deployment from the gateway (admin key
 - DELETING: waits until the gateway counts none of its requests in flight (it left routing when
   the delete was asked), then stops the graph and reports it gone;
 - STOPPED, FAILED: stops the graph.
+An autoscaled deployment's report carries what its policy (deploy/stack/autoscaler.py) proposes.
 A graph of a deployment the gateway no longer has is stopped. While the gateway cannot be reached
 nothing is changed: what runs keeps running.
 
@@ -24,6 +25,7 @@ import time
 
 import httpx
 
+from deploy.stack.autoscaler import Autoscaler, kv_usage
 from deploy.stack.config import StackConfig
 from deploy.stack.graphs import graph_config, graph_indexes, graph_processes
 from deploy.stack.drain import Drains
@@ -46,6 +48,7 @@ class Reconciler:
         self.starts: dict[str, int] = {}  # process -> starts since it was last ready
         self.adapter_in: dict[str, int] = {}  # worker -> the pid its adapter was loaded into
         self.drains = Drains(cfg.dedicated.drain_timeout_s)
+        self.autoscalers: dict[str, Autoscaler] = {}  # deployment id -> its policy
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -65,8 +68,14 @@ class Reconciler:
             except (StartError, OSError, httpx.HTTPError) as exc:
                 log.warning("%s: %s", dep["id"], exc)
                 continue
+            if dep.get("autoscale"):
+                policy = self.autoscalers.setdefault(dep["id"], Autoscaler())
+                kv = kv_usage(g.frontend_url) if dep["status"] == "RUNNING" else []
+                seen["autoscale"] = policy.propose(now, dep, kv)
             self._report(dep["id"], seen)
         listed = {d["id"] for d in deps}
+        for dep_id in set(self.autoscalers) - {d["id"] for d in deps if d.get("autoscale")}:
+            del self.autoscalers[dep_id]
         for dep_id, names in graph_processes(self.cfg.run_dir).items():
             if dep_id not in listed:  # deleted while this supervisor was away
                 self._stop(names)

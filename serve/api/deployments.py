@@ -66,8 +66,7 @@ async def get_deployment(dep_id: str, request: Request, gw: GatewayParts = Depen
 async def scale_deployment(dep_id: str, request: Request, gw: GatewayParts = Depends(parts)):
     caller = gw.caller(request)
     require_scope(caller, "deployments")
-    replicas = _body(ScaleRequest, await request.body()).replicas
-    dep = await asyncio.to_thread(gw.deployments.scale, caller, dep_id, replicas)
+    dep = await asyncio.to_thread(gw.deployments.scale, caller, dep_id, _body(ScaleRequest, await request.body()))
     return JSONResponse(_shown(gw, caller, dep), status_code=202)
 
 

@@ -286,6 +286,66 @@ def test_scale_1_3_1_under_load_fails_nothing_and_every_replica_serves(dedicated
     wait_gone(dedicated, dep["id"])
 
 
+def test_autoscaled_a_burst_scales_up_and_idle_drains_down_failing_nothing(dedicated, keys):
+    knobs = {"target_concurrency": 2, "scale_up_window_s": 1, "scale_down_delay_s": 3}
+    with api(dedicated) as c:
+        r = c.post(
+            "/v1/deployments",
+            json={"model": "tiny", "name": "auto", "replicas": {"min": 1, "max": 3}, "autoscale": knobs},
+            headers=keys["alpha"],
+        )
+        assert r.status_code == 202, r.text
+    dep = r.json()
+    wait_for(dedicated, dep["id"], "RUNNING", 1)
+    seen, answers, burst, stop = [], [], threading.Event(), threading.Event()
+
+    def watch():  # every state the deployment is seen in, until the test ends
+        with api(dedicated) as c:
+            while not stop.is_set():
+                seen.append(c.get(f"/v1/deployments/{dep['id']}", headers=admin(dedicated)).json())
+                time.sleep(0.2)
+
+    def client(i: int):  # one of 8 clients streaming back to back while the burst lasts
+        body = {"model": "alpha/auto", "messages": [{"role": "user", "content": f"burst {i}"}], "max_tokens": 200}
+        with api(dedicated) as c:
+            while burst.is_set():
+                r = c.post("/v1/chat/completions", json={**body, "ignore_eos": True}, headers=keys["alpha"])
+                answers.append((r.status_code, r.json().get("id")))
+
+    burst.set()
+    threads = [threading.Thread(target=watch)] + [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(dedicated, dep["id"], "RUNNING", 3, timeout_s=90)
+        time.sleep(3)  # the burst over all three
+        burst.clear()
+        settled = wait_for(dedicated, dep["id"], "RUNNING", 1, timeout_s=90)  # idle: drained back to min
+    finally:
+        burst.clear()
+        stop.set()
+        for t in threads:
+            t.join()
+    assert answers and [a for a in answers if a[0] != 200] == [], answers[:5]
+    assert max(s["replicas"]["desired"] for s in seen) == 3  # up to max, never beyond
+    assert settled["replicas"] == {"desired": 1, "ready": 1, "draining": 0, "min": 1, "max": 3}
+    reasons = [(d["reason"], d["signal"]) for d in settled["decisions"]]
+    assert ("scale_up", "concurrency") in reasons and ("scale_down", "concurrency") in reasons, reasons
+    store, ids = TraceStore(dedicated.traces_path), ", ".join(f"'{a[1]}'" for a in answers)
+    t0 = time.monotonic()
+    while True:
+        served = store.sql(f"SELECT DISTINCT worker_id FROM traces WHERE gen_ai_response_id IN ({ids})").column("worker_id")
+        if len(served) >= 3 or time.monotonic() - t0 > 30:
+            break
+        time.sleep(0.5)
+    assert len(served) == 3, served.to_pylist()  # every replica it scaled to served
+    with api(dedicated) as c:
+        metrics = c.get("/metrics", headers=admin(dedicated)).text
+        assert f'flywheel_scale_events_total{{deployment="{dep["id"]}",direction="up",reason="concurrency"}}' in metrics
+        c.delete(f"/v1/deployments/{dep['id']}", headers=keys["alpha"])
+    wait_gone(dedicated, dep["id"])
+
+
 def test_pool_refuses_beyond_it_and_a_delete_frees_slots(dedicated, keys):
     with api(dedicated) as c:
         pool = c.get("/v1/deployments", headers=keys["beta"]).json()["capacity"]

@@ -45,7 +45,7 @@ def test_a_dedicated_deployment_through_its_life_as_the_gateway_sees_it(tmp_path
         assert r.status_code == 202, r.text
         dep = r.json()
         assert (dep["status"], dep["served_model"]) == ("DEPLOYING", "red/red-v1")
-        assert dep["replicas"] == {"desired": 2, "ready": 0, "draining": 0}
+        assert dep["replicas"] == {"desired": 2, "ready": 0, "draining": 0, "min": None, "max": None}
         again = client.post("/v1/deployments", json={"model": "red-v1"}, headers=red_ops)
         assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"  # the same name twice
         # not routable before it runs; the supervisor's report makes it so, for red alone
@@ -81,7 +81,7 @@ def test_a_dedicated_deployment_through_its_life_as_the_gateway_sees_it(tmp_path
         seen = client.post(f"/admin/deployments/{dep['id']}/observed", json={**report, "ready": 1, "draining": 1}, headers=admin)
         assert seen.json()["status"] == "SCALING"
         got = client.get(f"/v1/deployments/{dep['id']}", headers=red_ops).json()
-        assert got["replicas"] == {"desired": 1, "ready": 1, "draining": 1}
+        assert got["replicas"] == {"desired": 1, "ready": 1, "draining": 1, "min": None, "max": None}
         assert client.get("/v1/deployments", headers=red_ops).json()["capacity"]["held"] == held
         seen = client.post(f"/admin/deployments/{dep['id']}/observed", json={**report, "ready": 1}, headers=admin)
         assert seen.json()["status"] == "RUNNING"
@@ -94,3 +94,76 @@ def test_a_dedicated_deployment_through_its_life_as_the_gateway_sees_it(tmp_path
         client.post(f"/admin/deployments/{dep['id']}/observed", json={"ready": 0, "gone": True}, headers=admin)
         assert client.get(f"/v1/deployments/{dep['id']}", headers=red_ops).status_code == 404
         assert json.loads((tmp_path / "deployments.json").read_text()) == {}
+
+
+def test_autoscaled_the_gateway_applies_proposals_within_the_pool_and_says_why(tmp_path, tiny_model_dir):
+    registry = {"checkpoints": {"v1": {"version": "v1", "kind": "full", "path": str(tiny_model_dir), "base_model": "x"}}}
+    (tmp_path / "checkpoints.json").write_text(json.dumps(registry))
+    config = dict(
+        checkpoints_file=str(tmp_path / "checkpoints.json"),
+        deployments_file=str(tmp_path / "deployments.json"),
+        pool=CapacityPool(slots=4, serverless_slots=1),
+    )
+    with seeded_gateway(tmp_path, **config) as (client, keys):
+        admin = bearer(keys["admin"])
+        for body in (
+            {"model": "v1", "replicas": {"min": 3, "max": 2}},
+            {"model": "v1", "replicas": {"min": 0, "max": 2}},
+            {"model": "v1", "replicas": {"min": 1, "max": 10_000}},
+            {"model": "v1", "replicas": 2, "autoscale": {"target_concurrency": 2}},
+            {"model": "v1", "replicas": {"min": 1, "max": 2}, "autoscale": {"target_concurrency": 0}},
+            {"model": "v1", "replicas": {"min": 1, "max": 2}, "autoscale": {"ttl": 1}},
+        ):
+            r = client.post("/v1/deployments", json=body, headers=admin)
+            assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (body, r.text)
+        auto = client.post(
+            "/v1/deployments",
+            json={"model": "v1", "name": "auto", "replicas": {"min": 1, "max": 3}, "autoscale": {"target_concurrency": 2}},
+            headers=admin,
+        ).json()
+        assert auto["replicas"] == {"desired": 1, "ready": 0, "draining": 0, "min": 1, "max": 3}
+        assert auto["autoscale"]["target_concurrency"] == 2 and auto["autoscale"]["scale_down_delay_s"] > 0
+        other = client.post("/v1/deployments", json={"model": "v1", "name": "other", "replicas": 2}, headers=admin).json()
+        report = {"ready": 1, "url": "http://127.0.0.1:9", "admin_urls": [], "max_model_len": 2048}
+
+        def observe(dep_id, ready, wants=None):
+            proposal = None if wants is None else {"replicas": wants, "signal": "concurrency", "value": 5.0, "target": 2.0}
+            seen = {**report, "ready": ready, "autoscale": proposal}
+            client.post(f"/admin/deployments/{dep_id}/observed", json=seen, headers=admin)
+            return client.get(f"/v1/deployments/{dep_id}", headers=admin).json()
+
+        observe(other["id"], 2)
+        assert observe(auto["id"], 1)["status"] == "RUNNING"
+        # 1 serverless + 2 other + 1 auto: the pool (4) is full; a scale-up waits and says so, once
+        waiting = observe(auto["id"], 1, wants=5)
+        waiting = observe(auto["id"], 1, wants=5)
+        assert waiting["replicas"]["desired"] == 1 and waiting["status"] == "RUNNING"
+        (decision,) = waiting["decisions"]
+        assert not decision["applied"] and decision["replicas_to"] == 3  # clamped to max
+        assert decision["reason"].startswith("waiting for capacity: needs 2 slot(s), 0 free")
+        # another deployment's slots are never taken: a delete frees them, and the scale-up goes ahead
+        client.delete(f"/v1/deployments/{other['id']}", headers=admin)
+        client.post(f"/admin/deployments/{other['id']}/observed", json={"ready": 0, "gone": True}, headers=admin)
+        scaled = observe(auto["id"], 1, wants=5)
+        assert (scaled["status"], scaled["replicas"]["desired"]) == ("SCALING", 3)
+        assert scaled["decisions"][-1] | {"at": 0} == {
+            "at": 0,
+            "replicas_from": 1,
+            "replicas_to": 3,
+            "signal": "concurrency",
+            "value": 5.0,
+            "target": 2.0,
+            "applied": True,
+            "reason": "scale_up",
+        }
+        assert observe(auto["id"], 3)["status"] == "RUNNING"
+        down = observe(auto["id"], 3, wants=0)  # idle: down to min, never below
+        assert down["replicas"]["desired"] == 1 and down["decisions"][-1]["reason"] == "scale_down"
+        metrics = client.get("/metrics", headers=admin).text
+        assert f'flywheel_deployment_replicas{{deployment="{auto["id"]}",state="max"}} 3.0' in metrics
+        assert f'flywheel_scale_events_total{{deployment="{auto["id"]}",direction="up",reason="concurrency"}} 1.0' in metrics
+        # a fixed count ends autoscaling; a range again brings the count inside it
+        fixed = client.post(f"/v1/deployments/{auto['id']}/scale", json={"replicas": 2}, headers=admin).json()
+        assert fixed["autoscale"] is None and fixed["replicas"]["min"] is None
+        ranged = client.post(f"/v1/deployments/{auto['id']}/scale", json={"replicas": {"min": 3, "max": 3}}, headers=admin)
+        assert ranged.json()["replicas"]["desired"] == 3 and ranged.json()["autoscale"]["target_concurrency"] == 4
