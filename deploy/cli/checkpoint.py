@@ -109,7 +109,7 @@ def ckpt_deploy(
         except RegistryError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(1)
-        create(Api(profile, set_, None, None), version, alias, replicas, owner, wait)
+        create(Api(profile, set_, None, None), version, alias, {"replicas": replicas}, owner, wait)
         return
     _check_strategy(strategy)
     _, swap = _swap(cfg)

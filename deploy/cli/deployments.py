@@ -21,6 +21,12 @@ UrlOpt = typer.Option(None, "--url", help="the gateway's base URL (default: the 
 KeyOpt = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="a team key (default: the profile's admin key)")
 WaitOpt = typer.Option(False, "--wait", help="show progress until the deployment is RUNNING (or gone, for delete)")
 SETTLED = ("RUNNING", "FAILED", "STOPPED")
+ReplicasOpt = typer.Option(None, min=1, help="a fixed count (default 1; or --min and --max to autoscale)")
+MinOpt = typer.Option(None, "--min", min=1, help="autoscale: fewest replicas")
+MaxOpt = typer.Option(None, "--max", min=1, help="autoscale: most replicas")
+TargetOpt = typer.Option(None, "--target-concurrency", help="autoscale: requests in flight per replica to aim at")
+UpOpt = typer.Option(None, "--scale-up-window", help="autoscale: seconds demand stays above before a scale-up")
+DownOpt = typer.Option(None, "--scale-down-delay", help="autoscale: seconds demand stays below before a scale-down")
 
 
 class Api:
@@ -66,12 +72,35 @@ class Api:
 
 def _show(dep: dict) -> None:
     console.print_json(data=dep)
+    if dep.get("decisions"):
+        table = Table("when", "replicas", "signal", "value", "target", "decision", title="autoscaling, newest last")
+        for d in dep["decisions"]:
+            when = time.strftime("%H:%M:%S", time.localtime(d["at"]))
+            moved = f"{d['replicas_from']} -> {d['replicas_to']}"
+            table.add_row(when, moved, d["signal"], str(d["value"]), str(d["target"]), d["reason"])
+        console.print(table)
 
 
-def create(api: Api, model: str, name: Optional[str], replicas: int, team: Optional[str], wait: bool) -> dict:
-    body = {"model": model, "replicas": replicas} | ({"name": name} if name else {}) | ({"team": team} if team else {})
+def replicas_body(replicas, low, high, target, up_s, down_s) -> dict:
+    """The create or scale body's ``replicas`` (and ``autoscale``) from the command line."""
+    knobs = {"target_concurrency": target, "scale_up_window_s": up_s, "scale_down_delay_s": down_s}
+    knobs = {k: v for k, v in knobs.items() if v is not None}
+    if low is None and high is None:
+        if knobs:
+            raise typer.BadParameter("autoscaling knobs need --min and --max")
+        return {"replicas": replicas or 1}
+    if replicas is not None or low is None or high is None:
+        raise typer.BadParameter("give --replicas N for a fixed count, or both --min and --max to autoscale")
+    return {"replicas": {"min": low, "max": high}} | ({"autoscale": knobs} if knobs else {})
+
+
+def create(api: Api, model: str, name: Optional[str], replicas: dict, team: Optional[str], wait: bool) -> dict:
+    """``replicas``: the body's ``replicas`` (and ``autoscale``), as :func:`replicas_body` makes it."""
+    body = {"model": model, **replicas} | ({"name": name} if name else {}) | ({"team": team} if team else {})
     dep = api.call("POST", "/v1/deployments", body)
-    console.print(f"{dep['id']}: {dep['served_model']} ({dep['checkpoint_version']}), {replicas} replica(s), {dep['status']}")
+    r = dep["replicas"]
+    shown = f"{r['min']}-{r['max']} replicas, autoscaled" if r.get("max") else f"{r['desired']} replica(s)"
+    console.print(f"{dep['id']}: {dep['served_model']} ({dep['checkpoint_version']}), {shown}, {dep['status']}")
     if wait:
         dep = api.follow(dep)
         if dep["status"] != "RUNNING":
@@ -85,7 +114,12 @@ def create(api: Api, model: str, name: Optional[str], replicas: int, team: Optio
 def deployments_create(
     model: str = typer.Argument(..., help="a registered checkpoint version, or a served base model"),
     name: Optional[str] = typer.Option(None, help="served as <team>/<name> (default: the version)"),
-    replicas: int = typer.Option(1, min=1),
+    replicas: Optional[int] = ReplicasOpt,
+    low: Optional[int] = MinOpt,
+    high: Optional[int] = MaxOpt,
+    target: Optional[float] = TargetOpt,
+    up_s: Optional[float] = UpOpt,
+    down_s: Optional[float] = DownOpt,
     team: Optional[str] = typer.Option(None, help="admin key only: whose deployment"),
     wait: bool = WaitOpt,
     url: Optional[str] = UrlOpt,
@@ -94,7 +128,8 @@ def deployments_create(
     set_: Optional[list[str]] = SetOpt,
 ):
     """Deploy a checkpoint on capacity of its own (a Dynamo graph for this deployment alone)."""
-    create(Api(profile, set_, url, api_key), model, name, replicas, team, wait)
+    body = replicas_body(replicas, low, high, target, up_s, down_s)
+    create(Api(profile, set_, url, api_key), model, name, body, team, wait)
 
 
 @deployments_app.command("list")
@@ -123,23 +158,29 @@ def deployments_get(
     profile: str = ProfileOpt,
     set_: Optional[list[str]] = SetOpt,
 ):
-    """One deployment, as JSON."""
+    """One deployment, as JSON, and its last autoscaling decisions."""
     _show(Api(profile, set_, url, api_key).call("GET", f"/v1/deployments/{dep_id}"))
 
 
 @deployments_app.command("scale")
 def deployments_scale(
     dep_id: str,
-    replicas: int = typer.Option(..., min=1),
+    replicas: Optional[int] = ReplicasOpt,
+    low: Optional[int] = MinOpt,
+    high: Optional[int] = MaxOpt,
+    target: Optional[float] = TargetOpt,
+    up_s: Optional[float] = UpOpt,
+    down_s: Optional[float] = DownOpt,
     wait: bool = WaitOpt,
     url: Optional[str] = UrlOpt,
     api_key: Optional[str] = KeyOpt,
     profile: str = ProfileOpt,
     set_: Optional[list[str]] = SetOpt,
 ):
-    """Set the replicas; scale-down drains a replica before it stops."""
+    """Set the replicas (a count, or a range to autoscale in); scale-down drains a replica before it stops."""
+    body = replicas_body(replicas, low, high, target, up_s, down_s)
     api = Api(profile, set_, url, api_key)
-    dep = api.call("POST", f"/v1/deployments/{dep_id}/scale", {"replicas": replicas})
+    dep = api.call("POST", f"/v1/deployments/{dep_id}/scale", body)
     if wait:
         dep = api.follow(dep)
     console.print(f"{dep_id}: {dep['status']}, replicas {dep['replicas']['ready']}/{dep['replicas']['desired']}")
