@@ -66,7 +66,7 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
     breakers = Breakers(state, config.breaker)
     metrics = Metrics()
     metrics.watch_deployments(dedicated)
-    forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics)
+    forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics, dedicated)
     files, batches = FileStore(config.traces_dir, config.batch.file_ttl_s), BatchStore(config.traces_dir)
     return GatewayParts(
         config=config,

@@ -20,7 +20,7 @@ DECISIONS_KEPT = 10
 
 
 class ReplicaRange(StrictModel):
-    min: int = Field(ge=1, description="fewest replicas (scale to zero is not available yet: at least 1)")
+    min: int = Field(ge=0, description="fewest replicas; 0: scaled to zero when idle, woken by a request")
     max: int = Field(ge=1)
 
     @model_validator(mode="after")
@@ -38,13 +38,20 @@ class Autoscale(StrictModel):
     )
     scale_up_window_s: float = Field(10, ge=0, description="demand must stay above the replicas this long before a scale-up")
     scale_down_delay_s: float = Field(120, ge=0, description="demand must stay below the replicas this long before a scale-down")
+    scale_to_zero_after_s: float = Field(300, ge=0, description="with min 0: idle this long, the last replica stops")
+    cold_start_timeout_s: float = Field(
+        300, gt=0, description="with min 0: how long a request waits for a replica to start before a 503"
+    )
 
 
 class Proposal(StrictModel):
     """What the supervisor's policy wants, and the signal that made it want it."""
 
     replicas: int = Field(ge=0)
-    signal: str = Field(description="concurrency (gateway requests in flight) or kv_usage (the workers' KV cache)")
+    signal: str = Field(
+        description="concurrency (gateway requests in flight), kv_usage (the workers' KV cache), idle (to zero), "
+        "wake (a request for a deployment at zero)"
+    )
     value: float
     target: float
 
@@ -64,7 +71,8 @@ def decide(dep, proposal: Proposal, free_slots: int) -> Decision | None:
     """The decision on ``proposal`` for ``dep`` (a DedicatedDeployment); None when it changes
     nothing. Applies it to ``dep`` (desired replicas, status, scale events) when it fits."""
     r = dep.replicas
-    want = min(max(proposal.replicas, r.min or 1), r.max or r.desired)
+    low = r.min if r.min is not None else 1
+    want = min(max(proposal.replicas, low), r.max if r.max is not None else r.desired)
     if want == r.desired:
         return None
     direction = "scale_up" if want > r.desired else "scale_down"

@@ -252,6 +252,29 @@ class Deployments:
             self._save(dep)
             return dep
 
+    def asleep(self, dep_id: str) -> DedicatedDeployment | None:
+        """The deployment, if it is autoscaled and has no replica ready (scaled to zero, or
+        waking): a request for it waits for one (:meth:`wake`)."""
+        d = self.table.get(dep_id)
+        return d if d is not None and d.autoscale is not None and d.replicas.ready == 0 and d.status in ROUTABLE else None
+
+    def wake(self, dep_id: str) -> DedicatedDeployment | None:
+        """A request arrived for a deployment at zero: one replica, if the pool has its slots
+        (else the decision says it waits). The deployment as it is now; None once it is gone."""
+        self.refresh()
+        d = self.table.get(dep_id)
+        if d is None or d.replicas.desired > 0:
+            return d
+        with self._exclusive():
+            dep = self.table.get(dep_id)
+            if dep is None or dep.replicas.desired > 0 or dep.status not in ROUTABLE:
+                return dep
+            dep = dep.model_copy(deep=True)
+            self._bill(dep, time.time())
+            if decide(dep, Proposal(replicas=1, signal="wake", value=1, target=0), self.pool()["free"]) is not None:
+                self._save(dep)
+            return dep
+
     # -- inside -----------------------------------------------------------------------------------
 
     @contextmanager
@@ -319,7 +342,8 @@ class Deployments:
             fixed = False
         if replicas.max > most:
             raise APIError(400, f"replicas must be at most {most}", param="replicas")
-        return Replicas(desired=replicas.min, min=None if fixed else replicas.min, max=None if fixed else replicas.max)
+        # a range starting at 0 starts with one replica all the same: it sleeps once idle
+        return Replicas(desired=max(1, replicas.min), min=None if fixed else replicas.min, max=None if fixed else replicas.max)
 
     @staticmethod
     def _knobs(replicas: int | ReplicaRange, autoscale: Autoscale | None) -> Autoscale | None:

@@ -26,6 +26,7 @@ from serve.capture import Capture, RequestContext
 from serve.choose import Chooser
 from serve.config import GatewayConfig, ModelRoute
 from serve.context_limit import check_counts, check_text, might_overflow
+from serve.deployments import Deployments
 from serve.errors import APIError, CapacityExceeded, model_not_found
 from serve.metrics import Metrics
 from serve.outcome import Outcome
@@ -37,6 +38,7 @@ from serve.tools.definitions import Bounds, ToolLimits, checked_key, is_checked,
 from serve.tools.grammar import grammar_for
 from serve.upstream import Rewrite
 from serve.upstream_pool import UpstreamPool
+from serve.wake import until_awake
 from traces.writer import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -60,8 +62,10 @@ class Forwarder:
         breakers: Breakers,
         affinity: Affinity,
         metrics: Metrics,
+        deployments: Deployments | None = None,
     ):
         self.config, self.routes, self.admission, self.metrics = config, routes, admission, metrics
+        self.deployments = deployments  # dedicated ones: a request for one scaled to zero wakes it
         self.chooser = Chooser(breakers, affinity)
         self.settler = Settler(writer, admission, breakers, metrics, config.admission.lease_ttl_s / 3)
         self.bounds = Bounds(config.tools.max_string_length, config.tools.max_array_items)
@@ -113,11 +117,13 @@ class Forwarder:
             if admitted.reserved and not (body.get("max_tokens") or body.get("max_completion_tokens")):
                 # the reservation assumed this many: the engine must not produce more
                 rewrite.upstream_body["max_tokens"] = admitted.completion_tokens
-            capture.mark_admitted()
             ctx.deployment = dep_name
             headers["X-Deployment"] = dep_name
             attempt = Attempt(self.config.deployment(dep_name), operation, rewrite, capture, admitted, tool_req)
             try:
+                if self.deployments is not None:
+                    await self._awake(attempt, dep_name)
+                capture.mark_admitted()
                 return await self._attempt(attempt), headers
             except AttemptFailed as failed:
                 self.settler.outcome(dep_name, failed.outcome)
@@ -138,6 +144,13 @@ class Forwarder:
         await self.settler.durable(capture.record(last_error.status, last_error.message, last_outcome))
         self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
         raise last_error
+
+    async def _awake(self, attempt: Attempt, dep_name: str) -> None:
+        """Hold the request while its deployment wakes from zero (serve/wake.py)."""
+        try:
+            await until_awake(self.deployments, dep_name, attempt.ctx.alias)
+        except APIError as err:  # released and traced as the deployment's own refusal
+            raise AttemptFailed(err, Outcome.REJECTED, retryable=False) from None
 
     async def _refused(self, ctx: RequestContext, capture: Capture, err: APIError) -> None:
         """A request the gateway refused before any deployment saw it: counted and traced."""

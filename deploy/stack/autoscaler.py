@@ -14,7 +14,9 @@ rewritten on the signals it reads, plus the one only the gateway has:
 Stabilisation, as Knative's and Kubernetes HPA's windows: up to the lowest want seen over
 ``scale_up_window_s``, down to the highest want seen over ``scale_down_delay_s``, each window
 counted from when the deployment last settled; nothing while a change is being carried out
-(the Planner's "scaling in progress, observing only").
+(the Planner's "scaling in progress, observing only"). The last replica goes (``min`` 0) only
+after ``scale_to_zero_after_s`` idle; a request then wakes the deployment at the gateway
+(serve/wake.py), which sees demand when no worker is left to.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Autoscaler:
             self.settled_at = now
         want = self._want(dep, knobs["target_concurrency"], current, kv)
         self.samples.append((now, want))
-        longest = max(knobs["scale_up_window_s"], knobs["scale_down_delay_s"])
+        longest = max(knobs["scale_up_window_s"], knobs["scale_down_delay_s"], knobs.get("scale_to_zero_after_s", 0))
         while self.samples and self.samples[0][0] < now - longest:
             self.samples.popleft()
         if want["replicas"] > current:
@@ -69,8 +71,19 @@ class Autoscaler:
         elif want["replicas"] < current:
             seen = self._over(now, knobs["scale_down_delay_s"])
             if seen and all(w["replicas"] < current for w in seen):
-                return max(seen, key=lambda w: w["replicas"])
+                most = max(seen, key=lambda w: w["replicas"])
+                return most if most["replicas"] > 0 else self._to_zero(now, dep, current, most)
         return None
+
+    def _to_zero(self, now: float, dep: dict, current: int, idle: dict) -> dict | None:
+        """Idle over the scale-down delay: to zero once idle ``scale_to_zero_after_s`` as well
+        (with min 0), else down to one."""
+        after = dep["autoscale"].get("scale_to_zero_after_s")
+        if dep["replicas"].get("min") == 0 and after is not None:
+            seen = self._over(now, after)
+            if seen and all(w["replicas"] == 0 for w in seen):
+                return {"replicas": 0, "signal": "idle", "value": after, "target": after}
+        return {**idle, "replicas": 1} if current > 1 else None
 
     def _want(self, dep: dict, target: float, current: int, kv: list[float]) -> dict:
         in_flight = dep.get("in_flight", 0)

@@ -99,6 +99,17 @@ def chat(c: httpx.Client, headers: dict, model: str, i: int = 0) -> httpx.Respon
     return c.post("/v1/chat/completions", json=body, headers=headers)
 
 
+def traces_until(cfg, query: str, enough: int, timeout_s: float = 30) -> list:
+    """The first column of ``query`` over the traces once it has ``enough`` rows (or the timeout
+    passed): a new store each look, as one reads the files there were when it opened."""
+    t0 = time.monotonic()
+    while True:
+        rows = TraceStore(cfg.traces_path).sql(query).columns[0].to_pylist()
+        if len(rows) >= enough or time.monotonic() - t0 > timeout_s:
+            return rows
+        time.sleep(0.5)
+
+
 def register_full_checkpoint(cfg, version: str, team: str) -> None:
     """A 'trained' full checkpoint: the tiny model's files under a version of their own."""
     path = cfg.home_path / "checkpoints" / version
@@ -266,20 +277,10 @@ def test_scale_1_3_1_under_load_fails_nothing_and_every_replica_serves(dedicated
     workers = [n for n in graph_processes(dedicated.run_dir).get(dep["id"], []) if n.startswith("worker-")]
     assert workers == [f"worker-0-{dep['id']}"], workers  # the two scaled away are stopped
     assert len(sent) >= 50 and failed == [], (len(sent), failed[:5])
-    store = TraceStore(dedicated.traces_path)
-    t0 = time.monotonic()
-    while True:
-        rows = (
-            store.sql(f"SELECT DISTINCT worker_id FROM traces WHERE deployment = '{dep['id']}'").column("worker_id").to_pylist()
-        )
-        if len(rows) >= 3 or time.monotonic() - t0 > 30:
-            break
-        time.sleep(0.5)
+    rows = traces_until(dedicated, f"SELECT DISTINCT worker_id FROM traces WHERE deployment = '{dep['id']}'", 3)
     assert len(set(rows)) >= 3, rows
     ids = ", ".join(f"'{d[3]}'" for d in done)
-    served_long = (
-        store.sql(f"SELECT DISTINCT worker_id FROM traces WHERE gen_ai_response_id IN ({ids})").column("worker_id").to_pylist()
-    )
+    served_long = traces_until(dedicated, f"SELECT DISTINCT worker_id FROM traces WHERE gen_ai_response_id IN ({ids})", 2)
     assert len(served_long) >= 2, served_long  # some ran on the replicas scaled away
     with api(dedicated) as c:
         c.delete(f"/v1/deployments/{dep['id']}", headers=keys["alpha"])
@@ -331,17 +332,58 @@ def test_autoscaled_a_burst_scales_up_and_idle_drains_down_failing_nothing(dedic
     assert settled["replicas"] == {"desired": 1, "ready": 1, "draining": 0, "min": 1, "max": 3}
     reasons = [(d["reason"], d["signal"]) for d in settled["decisions"]]
     assert ("scale_up", "concurrency") in reasons and ("scale_down", "concurrency") in reasons, reasons
-    store, ids = TraceStore(dedicated.traces_path), ", ".join(f"'{a[1]}'" for a in answers)
-    t0 = time.monotonic()
-    while True:
-        served = store.sql(f"SELECT DISTINCT worker_id FROM traces WHERE gen_ai_response_id IN ({ids})").column("worker_id")
-        if len(served) >= 3 or time.monotonic() - t0 > 30:
-            break
-        time.sleep(0.5)
-    assert len(served) == 3, served.to_pylist()  # every replica it scaled to served
+    ids = ", ".join(f"'{a[1]}'" for a in answers)
+    served = traces_until(dedicated, f"SELECT DISTINCT worker_id FROM traces WHERE gen_ai_response_id IN ({ids})", 3)
+    assert len(served) == 3, served  # every replica it scaled to served
     with api(dedicated) as c:
         metrics = c.get("/metrics", headers=admin(dedicated)).text
         assert f'flywheel_scale_events_total{{deployment="{dep["id"]}",direction="up",reason="concurrency"}}' in metrics
+        c.delete(f"/v1/deployments/{dep['id']}", headers=keys["alpha"])
+    wait_gone(dedicated, dep["id"])
+
+
+def test_scaled_to_zero_when_idle_and_20_requests_at_zero_are_all_served(dedicated, keys):
+    knobs = {"scale_down_delay_s": 1, "scale_to_zero_after_s": 2, "cold_start_timeout_s": 60}
+    with api(dedicated) as c:
+        body = {"model": "tiny", "name": "sleepy", "replicas": {"min": 0, "max": 2}, "autoscale": knobs}
+        dep = c.post("/v1/deployments", json=body, headers=keys["alpha"]).json()
+    wait_for(dedicated, dep["id"], "RUNNING", 1)
+    t0, asleep = time.monotonic(), None
+    with api(dedicated) as c:  # idle: down to zero
+        while not asleep or asleep["replicas"]["desired"] or asleep["replicas"]["ready"] or asleep["status"] != "RUNNING":
+            assert time.monotonic() - t0 < 60, f"not scaled to zero: {asleep}"
+            time.sleep(0.25)
+            asleep = c.get(f"/v1/deployments/{dep['id']}", headers=admin(dedicated)).json()
+    left = graph_processes(dedicated.run_dir)[dep["id"]]
+    assert not [n for n in left if n.startswith("worker-")] and f"frontend-{dep['id']}" in left, left
+    assert asleep["decisions"][-1]["signal"] == "idle"
+    answers = []
+
+    def ask(i: int):
+        with api(dedicated) as c:
+            r = c.post(
+                "/v1/chat/completions",
+                json={"model": "alpha/sleepy", "messages": [{"role": "user", "content": f"wake {i}"}], "max_tokens": 8},
+                headers=keys["alpha"],
+                timeout=120,
+            )
+            answers.append((r.status_code, r.json().get("id"), r.text[:200]))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [a[0] for a in answers] == [200] * 20, [a for a in answers if a[0] != 200][:3]
+    with api(dedicated) as c:
+        now = c.get(f"/v1/deployments/{dep['id']}", headers=admin(dedicated)).json()
+    woke = next(d for d in now["decisions"] if d["signal"] == "wake")
+    assert (woke["replicas_from"], woke["replicas_to"], woke["applied"]) == (0, 1, True)
+    # each waited at the gateway while the replica started: it is in their queue time
+    ids = ", ".join(f"'{a[1]}'" for a in answers)
+    waits = traces_until(dedicated, f"SELECT queue_wait_ms FROM traces WHERE gen_ai_response_id IN ({ids})", 20)
+    assert len(waits) == 20 and min(waits) > 100, waits  # a mocker worker takes ~0.5 s or more to start
+    with api(dedicated) as c:
         c.delete(f"/v1/deployments/{dep['id']}", headers=keys["alpha"])
     wait_gone(dedicated, dep["id"])
 

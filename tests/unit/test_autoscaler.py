@@ -57,3 +57,22 @@ def test_kv_full_adds_a_replica_and_kv_busy_holds_them():
     policy = Autoscaler()
     for t in (0, 30, 60, 90):
         assert policy.propose(t, dep(0, desired=3), [0.1, 0.7]) is None
+
+
+def test_idle_goes_to_zero_only_with_min_0_and_after_its_own_delay():
+    def idle(desired: int, low: int) -> dict:
+        d = dep(0, desired=desired)
+        d["autoscale"] = {**KNOBS, "scale_to_zero_after_s": 120}
+        d["replicas"]["min"] = low
+        return d
+
+    policy = Autoscaler()
+    assert policy.propose(0, idle(1, 0), []) is None
+    assert policy.propose(60, idle(1, 0), []) is None  # past the scale-down delay, not the zero one
+    assert policy.propose(120, idle(1, 0), []) == {"replicas": 0, "signal": "idle", "value": 120, "target": 120}
+    policy = Autoscaler()
+    assert policy.propose(0, idle(3, 0), []) is None
+    assert policy.propose(60, idle(3, 0), [])["replicas"] == 1  # down to one first
+    policy = Autoscaler()
+    for t in (0, 60, 120, 600):
+        assert policy.propose(t, idle(1, 1), []) is None  # min 1: never to zero

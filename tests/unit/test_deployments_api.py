@@ -108,7 +108,8 @@ def test_autoscaled_the_gateway_applies_proposals_within_the_pool_and_says_why(t
         admin = bearer(keys["admin"])
         for body in (
             {"model": "v1", "replicas": {"min": 3, "max": 2}},
-            {"model": "v1", "replicas": {"min": 0, "max": 2}},
+            {"model": "v1", "replicas": {"min": 0, "max": 0}},
+            {"model": "v1", "replicas": {"min": -1, "max": 2}},
             {"model": "v1", "replicas": {"min": 1, "max": 10_000}},
             {"model": "v1", "replicas": 2, "autoscale": {"target_concurrency": 2}},
             {"model": "v1", "replicas": {"min": 1, "max": 2}, "autoscale": {"target_concurrency": 0}},
@@ -167,3 +168,46 @@ def test_autoscaled_the_gateway_applies_proposals_within_the_pool_and_says_why(t
         assert fixed["autoscale"] is None and fixed["replicas"]["min"] is None
         ranged = client.post(f"/v1/deployments/{auto['id']}/scale", json={"replicas": {"min": 3, "max": 3}}, headers=admin)
         assert ranged.json()["replicas"]["desired"] == 3 and ranged.json()["autoscale"]["target_concurrency"] == 4
+
+
+def test_a_request_for_a_deployment_at_zero_waits_for_a_replica_then_gets_503_starting(tmp_path, tiny_model_dir):
+    registry = {"checkpoints": {"v1": {"version": "v1", "kind": "full", "path": str(tiny_model_dir), "base_model": "x"}}}
+    (tmp_path / "checkpoints.json").write_text(json.dumps(registry))
+    config = dict(
+        checkpoints_file=str(tmp_path / "checkpoints.json"),
+        deployments_file=str(tmp_path / "deployments.json"),
+        pool=CapacityPool(slots=2, serverless_slots=1),
+    )
+    with seeded_gateway(tmp_path, **config) as (client, keys):
+        admin = bearer(keys["admin"])
+        knobs = {"scale_to_zero_after_s": 0, "cold_start_timeout_s": 0.5}
+        dep = client.post(
+            "/v1/deployments",
+            json={"model": "v1", "name": "sleepy", "replicas": {"min": 0, "max": 1}, "autoscale": knobs},
+            headers=admin,
+        ).json()
+        assert dep["replicas"]["desired"] == 1  # it starts with one all the same
+        report = {"ready": 1, "url": "http://127.0.0.1:9", "admin_urls": [], "max_model_len": 2048}
+        client.post(f"/admin/deployments/{dep['id']}/observed", json=report, headers=admin)
+        idle = {"replicas": 0, "signal": "idle", "value": 0, "target": 0}
+        client.post(f"/admin/deployments/{dep['id']}/observed", json={**report, "autoscale": idle}, headers=admin)
+        client.post(f"/admin/deployments/{dep['id']}/observed", json={**report, "ready": 0}, headers=admin)
+        asleep = client.get(f"/v1/deployments/{dep['id']}", headers=admin).json()
+        assert (asleep["status"], asleep["replicas"]["desired"]) == ("RUNNING", 0)
+        # the pool fills meanwhile: the wake waits for a slot, then says it is starting
+        filler = client.post("/v1/deployments", json={"model": "v1", "name": "filler"}, headers=admin).json()
+        chat = {"model": "admin/sleepy", "messages": [{"role": "user", "content": "wake up"}]}
+        r = client.post("/v1/chat/completions", json=chat, headers=admin)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "deployment_starting", r.text
+        assert r.headers["Retry-After"] == "10" and "waiting for capacity" in r.json()["error"]["message"]
+        woke = client.get(f"/v1/deployments/{dep['id']}", headers=admin).json()
+        assert woke["replicas"]["desired"] == 0 and woke["decisions"][-1]["signal"] == "wake"
+        assert not woke["decisions"][-1]["applied"]
+        # with a slot free, the next request's wake asks for the replica
+        client.delete(f"/v1/deployments/{filler['id']}", headers=admin)
+        client.post(f"/admin/deployments/{filler['id']}/observed", json={"ready": 0, "gone": True}, headers=admin)
+        r = client.post("/v1/chat/completions", json=chat, headers=admin)
+        assert r.status_code == 503  # nothing starts a worker in this test: it times out again
+        woke = client.get(f"/v1/deployments/{dep['id']}", headers=admin).json()
+        assert (woke["status"], woke["replicas"]["desired"]) == ("SCALING", 1)
+        assert woke["decisions"][-1]["applied"] and woke["decisions"][-1]["reason"] == "scale_up"
