@@ -22,11 +22,13 @@ KeyOpt = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="a team k
 WaitOpt = typer.Option(False, "--wait", help="show progress until the deployment is RUNNING (or gone, for delete)")
 SETTLED = ("RUNNING", "FAILED", "STOPPED")
 ReplicasOpt = typer.Option(None, min=1, help="a fixed count (default 1; or --min and --max to autoscale)")
-MinOpt = typer.Option(None, "--min", min=1, help="autoscale: fewest replicas")
+MinOpt = typer.Option(None, "--min", min=0, help="autoscale: fewest replicas (0: scaled to zero when idle)")
 MaxOpt = typer.Option(None, "--max", min=1, help="autoscale: most replicas")
 TargetOpt = typer.Option(None, "--target-concurrency", help="autoscale: requests in flight per replica to aim at")
 UpOpt = typer.Option(None, "--scale-up-window", help="autoscale: seconds demand stays above before a scale-up")
 DownOpt = typer.Option(None, "--scale-down-delay", help="autoscale: seconds demand stays below before a scale-down")
+ZeroOpt = typer.Option(None, "--scale-to-zero-after", help="autoscale, --min 0: seconds idle before the last replica stops")
+ColdOpt = typer.Option(None, "--cold-start-timeout", help="autoscale, --min 0: seconds a request waits for a replica")
 
 
 class Api:
@@ -81,9 +83,15 @@ def _show(dep: dict) -> None:
         console.print(table)
 
 
-def replicas_body(replicas, low, high, target, up_s, down_s) -> dict:
+def replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s) -> dict:
     """The create or scale body's ``replicas`` (and ``autoscale``) from the command line."""
-    knobs = {"target_concurrency": target, "scale_up_window_s": up_s, "scale_down_delay_s": down_s}
+    knobs = {
+        "target_concurrency": target,
+        "scale_up_window_s": up_s,
+        "scale_down_delay_s": down_s,
+        "scale_to_zero_after_s": zero_s,
+        "cold_start_timeout_s": cold_s,
+    }
     knobs = {k: v for k, v in knobs.items() if v is not None}
     if low is None and high is None:
         if knobs:
@@ -120,6 +128,8 @@ def deployments_create(
     target: Optional[float] = TargetOpt,
     up_s: Optional[float] = UpOpt,
     down_s: Optional[float] = DownOpt,
+    zero_s: Optional[float] = ZeroOpt,
+    cold_s: Optional[float] = ColdOpt,
     team: Optional[str] = typer.Option(None, help="admin key only: whose deployment"),
     wait: bool = WaitOpt,
     url: Optional[str] = UrlOpt,
@@ -128,7 +138,7 @@ def deployments_create(
     set_: Optional[list[str]] = SetOpt,
 ):
     """Deploy a checkpoint on capacity of its own (a Dynamo graph for this deployment alone)."""
-    body = replicas_body(replicas, low, high, target, up_s, down_s)
+    body = replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s)
     create(Api(profile, set_, url, api_key), model, name, body, team, wait)
 
 
@@ -171,6 +181,8 @@ def deployments_scale(
     target: Optional[float] = TargetOpt,
     up_s: Optional[float] = UpOpt,
     down_s: Optional[float] = DownOpt,
+    zero_s: Optional[float] = ZeroOpt,
+    cold_s: Optional[float] = ColdOpt,
     wait: bool = WaitOpt,
     url: Optional[str] = UrlOpt,
     api_key: Optional[str] = KeyOpt,
@@ -178,7 +190,7 @@ def deployments_scale(
     set_: Optional[list[str]] = SetOpt,
 ):
     """Set the replicas (a count, or a range to autoscale in); scale-down drains a replica before it stops."""
-    body = replicas_body(replicas, low, high, target, up_s, down_s)
+    body = replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s)
     api = Api(profile, set_, url, api_key)
     dep = api.call("POST", f"/v1/deployments/{dep_id}/scale", body)
     if wait:

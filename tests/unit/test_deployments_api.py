@@ -5,6 +5,7 @@ time, the usage page), on a TestClient; the processes are tests/integration/test
 import json
 import re
 import shutil
+from contextlib import contextmanager
 
 import pytest
 
@@ -96,15 +97,22 @@ def test_a_dedicated_deployment_through_its_life_as_the_gateway_sees_it(tmp_path
         assert json.loads((tmp_path / "deployments.json").read_text()) == {}
 
 
-def test_autoscaled_the_gateway_applies_proposals_within_the_pool_and_says_why(tmp_path, tiny_model_dir):
+@contextmanager
+def pooled_gateway(tmp_path, tiny_model_dir, slots: int):
+    """A gateway with checkpoint v1 (the base weights) and a pool of ``slots``, 1 of them serverless."""
     registry = {"checkpoints": {"v1": {"version": "v1", "kind": "full", "path": str(tiny_model_dir), "base_model": "x"}}}
     (tmp_path / "checkpoints.json").write_text(json.dumps(registry))
-    config = dict(
+    with seeded_gateway(
+        tmp_path,
         checkpoints_file=str(tmp_path / "checkpoints.json"),
         deployments_file=str(tmp_path / "deployments.json"),
-        pool=CapacityPool(slots=4, serverless_slots=1),
-    )
-    with seeded_gateway(tmp_path, **config) as (client, keys):
+        pool=CapacityPool(slots=slots, serverless_slots=1),
+    ) as gateway:
+        yield gateway
+
+
+def test_autoscaled_the_gateway_applies_proposals_within_the_pool_and_says_why(tmp_path, tiny_model_dir):
+    with pooled_gateway(tmp_path, tiny_model_dir, slots=4) as (client, keys):
         admin = bearer(keys["admin"])
         for body in (
             {"model": "v1", "replicas": {"min": 3, "max": 2}},
@@ -171,14 +179,7 @@ def test_autoscaled_the_gateway_applies_proposals_within_the_pool_and_says_why(t
 
 
 def test_a_request_for_a_deployment_at_zero_waits_for_a_replica_then_gets_503_starting(tmp_path, tiny_model_dir):
-    registry = {"checkpoints": {"v1": {"version": "v1", "kind": "full", "path": str(tiny_model_dir), "base_model": "x"}}}
-    (tmp_path / "checkpoints.json").write_text(json.dumps(registry))
-    config = dict(
-        checkpoints_file=str(tmp_path / "checkpoints.json"),
-        deployments_file=str(tmp_path / "deployments.json"),
-        pool=CapacityPool(slots=2, serverless_slots=1),
-    )
-    with seeded_gateway(tmp_path, **config) as (client, keys):
+    with pooled_gateway(tmp_path, tiny_model_dir, slots=2) as (client, keys):
         admin = bearer(keys["admin"])
         knobs = {"scale_to_zero_after_s": 0, "cold_start_timeout_s": 0.5}
         dep = client.post(
