@@ -147,6 +147,7 @@ class Forwarder:
 
     async def _awake(self, attempt: Attempt, dep_name: str) -> None:
         """Hold the request while its deployment wakes from zero (serve/wake.py)."""
+        self.settler.keep_alive(attempt)  # a start (~40 s for vLLM-CPU) outlasts the lease's TTL
         try:
             await until_awake(self.deployments, dep_name, attempt.ctx.alias)
         except APIError as err:  # released and traced as the deployment's own refusal

