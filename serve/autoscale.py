@@ -76,7 +76,7 @@ def decide(dep, proposal: Proposal, free_slots: int) -> Decision | None:
     if want == r.desired:
         return None
     direction = "scale_up" if want > r.desired else "scale_down"
-    more = (max(want, r.ready + r.draining) - r.held) * dep.slots_per_replica
+    more = (r.held_at(want) - r.held) * dep.slots_per_replica
     made = Decision(
         at=time.time(),
         replicas_from=r.desired,

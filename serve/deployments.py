@@ -59,7 +59,11 @@ class Replicas(BaseModel):
     @property
     def held(self) -> int:
         """Replicas whose slots are taken: a draining one still runs."""
-        return max(self.desired, self.ready + self.draining)
+        return self.held_at(self.desired)
+
+    def held_at(self, desired: int) -> int:
+        """The replicas whose slots would be taken with ``desired`` replicas wanted."""
+        return max(desired, self.ready + self.draining)
 
 
 class DedicatedDeployment(BaseModel):
@@ -198,8 +202,7 @@ class Deployments:
                 raise APIError(409, f"deployment {dep_id} is {dep.status}: it cannot be scaled", code="conflict")
             if isinstance(req.replicas, ReplicaRange):
                 wanted.desired = min(max(dep.replicas.desired, wanted.min), wanted.max)
-            busy = dep.replicas.ready + dep.replicas.draining
-            more = (max(wanted.desired, busy) - dep.replicas.held) * dep.slots_per_replica
+            more = (dep.replicas.held_at(wanted.desired) - dep.replicas.held) * dep.slots_per_replica
             if more > 0:
                 self._fit(more)
             self._bill(dep, time.time())

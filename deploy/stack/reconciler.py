@@ -105,7 +105,7 @@ class Reconciler:
         mine = graph_processes(self.cfg.run_dir).get(dep["id"], [])
         if dep["status"] == "DELETING":
             if dep.get("in_flight", 0):
-                return self._seen(dep, g, ready=dep["replicas"]["ready"])
+                return self._seen(g, mine, ready=dep["replicas"]["ready"])
             self._stop(mine)
             return {"ready": 0, "gone": True}
         if dep["status"] not in RUNS:
@@ -122,7 +122,7 @@ class Reconciler:
             if comp.name not in self.drains and self.pm.pid(comp.name) is None:
                 failed = failed or self._start(comp)
         ready = sum(c.name not in self.drains and self._ready(dep, g, i, c) for i, c in enumerate(workers))
-        return self._seen(dep, g, ready, failed)
+        return self._seen(g, mine, ready, failed)
 
     def _drained(self, name: str, dep: dict, g: StackConfig) -> bool:
         """Whether ``name``, no longer wanted, may stop now: a worker once it has drained."""
@@ -132,8 +132,9 @@ class Reconciler:
             return True
         return self.drains.step(name, g.worker_admin_url(int(index)), discovery_dir(g))
 
-    def _seen(self, dep: dict, g: StackConfig, ready: int, failed: str | None = None) -> dict:
-        mine = graph_processes(self.cfg.run_dir).get(dep["id"], [])
+    def _seen(self, g: StackConfig, mine: list[str], ready: int, failed: str | None = None) -> dict:
+        """The report on graph ``g``, whose processes were ``mine`` at the start of this look (one
+        stopped since is no longer draining)."""
         return {
             "ready": ready,
             "draining": sum(n in self.drains for n in mine),
