@@ -33,6 +33,7 @@ from serve.shared_state import SharedState
 
 NO_LIMIT = -1
 RATE_WINDOW_S = 60.0  # rpm and tpm count what was admitted in the last minute
+OVERFLOW = "+overflow"  # a dedicated deployment's requests spilled to serverless, in the lease ledger
 
 
 def _rid(kind: str) -> str:
@@ -77,6 +78,7 @@ class Admitted:
     batch_lease: Reservation | None = None
     running: Reservation | None = None  # the team's slot under gateway.limits.<team>.max_concurrent
     discount: float = 0.0  # off the price: a batch line's
+    demand: Reservation | None = None  # spilled from a dedicated deployment: counted in its demand
 
     @property
     def reserved(self) -> bool:
@@ -104,9 +106,30 @@ class Admission:
             ledger.look()
 
     async def admit(
-        self, deployment: str, team: str, model: str, body: dict, batch: bool = False, worst: tuple[int, int] | None = None
+        self,
+        deployment: str,
+        team: str,
+        model: str,
+        body: dict,
+        batch: bool = False,
+        worst: tuple[int, int] | None = None,
+        demand_of: str | None = None,
     ) -> Admitted:
-        """``worst``: :func:`worst_case_tokens` of ``body``, when the caller has it already."""
+        """``worst``: :func:`worst_case_tokens` of ``body``, when the caller has it already.
+        ``demand_of``: the dedicated deployment that spilled this request to ``deployment``; it
+        is counted in that one's demand (:meth:`spilled`) while it runs, so its autoscaler sees it."""
+        admitted = await self._admit(deployment, team, model, body, batch, worst)
+        if demand_of is not None:
+            admitted.demand = self.leases.reserve(demand_of + OVERFLOW, _rid("d-"), 0, 0, (NO_LIMIT, NO_LIMIT, NO_LIMIT))
+        return admitted
+
+    def spilled(self, deployment: str) -> int:
+        """Requests of dedicated ``deployment`` running on serverless now."""
+        return self.leases.totals(deployment + OVERFLOW).live
+
+    async def _admit(
+        self, deployment: str, team: str, model: str, body: dict, batch: bool, worst: tuple[int, int] | None
+    ) -> Admitted:
         prompt, completion = worst or worst_case_tokens(body)
         price = self.config.prices.get(model)
         discount = price.batch_discount if (batch and price) else 0.0
@@ -303,6 +326,7 @@ class Admission:
             (admitted.budget, self.budgets),
             (admitted.batch_lease, self.batch_leases),
             (admitted.running, self.running),
+            (admitted.demand, self.leases),
         ):
             if res is not None:
                 ledger.renew(res)
@@ -313,8 +337,9 @@ class Admission:
         ``produced`` completion tokens; one that produced nothing, nothing. Idempotent: a second
         call (an error path after the request was settled) changes nothing."""
         lease, res, batch_lease, running = admitted.lease, admitted.budget, admitted.batch_lease, admitted.running
-        admitted.lease = admitted.budget = admitted.batch_lease = admitted.running = None
-        held = ((self.leases, lease), (self.batch_leases, batch_lease), (self.running, running))
+        demand = admitted.demand
+        admitted.lease = admitted.budget = admitted.batch_lease = admitted.running = admitted.demand = None
+        held = ((self.leases, lease), (self.batch_leases, batch_lease), (self.running, running), (self.leases, demand))
         settles = [(ledger, r, 0, 0) for ledger, r in held if r is not None]
         if res is not None:
             cached = 0

@@ -36,6 +36,9 @@ class Autoscale(StrictModel):
     target_concurrency: float = Field(
         4, gt=0, description="requests in flight per replica (at the gateway, queued ones too) to scale towards"
     )
+    ttft_p90_ms: float | None = Field(
+        None, gt=0, description="a latency target too: one more replica while the p90 time to first token is above it"
+    )
     scale_up_window_s: float = Field(10, ge=0, description="demand must stay above the replicas this long before a scale-up")
     scale_down_delay_s: float = Field(120, ge=0, description="demand must stay below the replicas this long before a scale-down")
     scale_to_zero_after_s: float = Field(300, ge=0, description="with min 0: idle this long, the last replica stops")
@@ -49,7 +52,8 @@ class Proposal(StrictModel):
 
     replicas: int = Field(ge=0)
     signal: str = Field(
-        description="concurrency (gateway requests in flight), kv_usage (the workers' KV cache), idle (to zero), "
+        description="concurrency (gateway requests in flight), kv_usage (the workers' KV cache), ttft_p90 (time "
+        "to first token over ttft_p90_ms), idle (to zero), "
         "wake (a request for a deployment at zero)"
     )
     value: float

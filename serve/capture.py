@@ -57,6 +57,9 @@ class RequestContext:
     # the prompt (messages, or a completion's prompt) as the client wrote it, when the hot path
     # kept it: passed upstream and stored as these bytes, never written out again
     prompt_json: bytes | None = field(default=None, repr=False)
+    # a request a dedicated deployment spilled to serverless: the serverless model, whose
+    # per-token price it is charged (None: the alias's)
+    priced_as: str | None = None
     received: datetime = field(default_factory=_now)
     received_mono: float = field(default_factory=time.monotonic)  # the same moment, for durations
 
@@ -65,6 +68,10 @@ class RequestContext:
         """The session as deployments see it: within its team, so no team can pin, move or
         share another team's session by using the same id."""
         return f"{self.team}/{self.session_id}" if self.session_id else None
+
+    @property
+    def price_model(self) -> str:
+        return self.priced_as or self.alias
 
     @classmethod
     def for_route(cls, route: ModelRoute | None, trace_id: str, operation: str, body: dict, **who: str | None) -> RequestContext:

@@ -14,7 +14,8 @@ process. Status:
 
 A deployment is routable (its ``served_model`` in the alias table, visible to its team only)
 while RUNNING or SCALING. Replica time is charged from RUNNING on: every report, scale and delete
-charges the replicas ready since the last charge.
+charges the replicas ready since the last charge. A deployment of a served base model may spill to
+the serverless deployment of that model (``overflow: "serverless"``, :meth:`Deployments.spill_to`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from serve.shared_table import SharedTable
 Status = Literal["DEPLOYING", "RUNNING", "SCALING", "DELETING", "STOPPED", "FAILED"]
 HOLDS_SLOTS = ("DEPLOYING", "RUNNING", "SCALING", "DELETING")  # its processes run (or are starting)
 ROUTABLE = ("RUNNING", "SCALING")
+HISTORY_KEPT = 500
 ID_PREFIX = "dep-"
 LOCK = "flywheel:deployments:lock"
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -94,11 +96,23 @@ class DedicatedDeployment(BaseModel):
     autoscale: Autoscale | None = None
     decisions: list[Decision] = Field(default_factory=list, description="the last autoscaling decisions, newest last")
     scale_events: dict[str, int] = Field(default_factory=dict, description="'<up|down>:<signal>' -> autoscaled changes")
+    replica_history: list[tuple[float, int, int]] = Field(
+        default_factory=list, description="(unix time, desired, ready) at each change, the last 500: the usage page's plot"
+    )
+    # overflow
+    overflow: Literal["serverless"] | None = None
+    overflow_model: str | None = Field(None, description="the serverless model it spills to, charged per token there")
 
     def public(self, operator: bool) -> dict:
         """The API's deployment object; where the weights and processes are is the operator's."""
         hidden = set() if operator else {"model_path", "lora_path", "url", "admin_urls"}
-        return self.model_dump(exclude=hidden | {"billed_until"})
+        return self.model_dump(exclude=hidden | {"billed_until", "replica_history"})
+
+    def note_replicas(self, now: float) -> None:
+        """Add a point to the replica history if the desired or ready count changed."""
+        point = (round(now, 1), self.replicas.desired, self.replicas.ready)
+        if not self.replica_history or self.replica_history[-1][1:] != point[1:]:
+            self.replica_history = [*self.replica_history[-(HISTORY_KEPT - 1) :], point]
 
 
 class CreateRequest(StrictModel):
@@ -106,6 +120,11 @@ class CreateRequest(StrictModel):
     name: str | None = Field(None, description="served as <team>/<name>; default the checkpoint version")
     replicas: int | ReplicaRange = Field(1, description="a fixed count, or {min, max} to autoscale between")
     autoscale: Autoscale | None = Field(None, description="with replicas {min, max}: the policy's knobs")
+    overflow: Literal["serverless"] | None = Field(
+        None,
+        description="a served base model's deployment: when it cannot grow (at max, or the pool full) and its "
+        "replicas are at target_concurrency, spill requests to the serverless deployment of that model",
+    )
     team: str | None = Field(None, description="admin only: whose deployment")
 
 
@@ -157,6 +176,22 @@ class Deployments:
         total = self.config.pool.slots or 0
         return {"slots": total, "held": held, "free": max(0, total - held)}
 
+    def spill_to(self, dep_id: str) -> str | None:
+        """The serverless model a request for ``dep_id`` goes to instead, when it has overflow on,
+        cannot grow (at its max, or no free slot for another replica) and its ready replicas each
+        have ``target_concurrency`` requests in flight; else None. At zero replicas a request
+        wakes the deployment rather than spilling."""
+        d = self.table.get(dep_id)
+        if d is None or d.overflow_model is None or d.replicas.ready == 0:
+            return None
+        r = d.replicas
+        if r.desired < (r.max or r.desired) and self.pool()["free"] >= d.slots_per_replica:
+            return None  # it can grow: the autoscaler adds a replica
+        target = (d.autoscale or Autoscale()).target_concurrency
+        if self.admission.leases_held(dep_id)[0] < r.ready * target:
+            return None
+        return d.overflow_model
+
     # -- changing ---------------------------------------------------------------------------------
 
     def create(self, caller: Caller, req: CreateRequest) -> DedicatedDeployment:
@@ -166,6 +201,13 @@ class Deployments:
         if not TEAM.match(team):
             raise APIError(400, f"invalid team {team!r}: letters, digits, '-' and '_'", param="team")
         version, model_path, lora_path = self._resolve(caller, team, req.model)
+        if req.overflow and version != "base":
+            raise APIError(
+                400,
+                f"overflow needs a deployment of a served base model: {req.model!r} is a checkpoint, and the "
+                "serverless deployment does not serve its weights",
+                param="overflow",
+            )
         name = req.name or version
         if not NAME.match(name):
             raise APIError(400, f"invalid name {name!r}: lower-case letters, digits, '.', '_' and '-', at most 63", param="name")
@@ -189,7 +231,10 @@ class Deployments:
                 model_path=model_path,
                 lora_path=lora_path,
                 slots_per_replica=self.config.pool.slots_per_replica,
+                overflow=req.overflow,
+                overflow_model=req.model if req.overflow else None,
             )
+            dep.note_replicas(time.time())
             self.table[dep.id] = dep
             return dep
 
@@ -318,6 +363,7 @@ class Deployments:
             dep.status, dep.reason = "STOPPED", "insufficient_quota"
 
     def _save(self, dep: DedicatedDeployment) -> None:
+        dep.note_replicas(time.time())
         self.table[dep.id] = dep
         self._apply()
 

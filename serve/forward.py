@@ -78,6 +78,7 @@ class Forwarder:
         route = self.routes.get(body["model"])
         if route is None or not route.serves(ctx.team, ctx.admin):  # another team's alias does not exist here
             raise model_not_found(body["model"])
+        route, spilled_from = self._overflow(route, ctx)
         dep = self.config.deployment(route.deployment)
         check_counts(body, dep.max_model_len)
         worst = worst_case_tokens(body, ctx.prompt_json)  # once: it measures the whole prompt
@@ -105,7 +106,13 @@ class Forwarder:
             t_wait = time.monotonic()
             try:
                 admitted = await self.admission.admit(
-                    dep_name, ctx.team, ctx.alias, body, batch=ctx.batch_id is not None, worst=worst
+                    dep_name,
+                    ctx.team,
+                    ctx.price_model,
+                    body,
+                    batch=ctx.batch_id is not None,
+                    worst=worst,
+                    demand_of=spilled_from,
                 )
             except CapacityExceeded as err:  # full: the next deployment may have room
                 last_error, last_outcome = err, Outcome.REJECTED
@@ -144,6 +151,21 @@ class Forwarder:
         await self.settler.durable(capture.record(last_error.status, last_error.message, last_outcome))
         self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
         raise last_error
+
+    def _overflow(self, route: ModelRoute, ctx: RequestContext) -> tuple[ModelRoute, str | None]:
+        """The route to take, and the dedicated deployment it spilled from (None: it did not).
+        A dedicated deployment with overflow on that cannot take more spills the request to the
+        serverless deployment of its base model (serve/deployments.py), charged per token there;
+        the trace's deployment says which served. Not batch lines: they wait their turn."""
+        if self.deployments is None or ctx.batch_id is not None:
+            return route, None
+        to = self.deployments.spill_to(route.deployment)
+        serverless = self.routes.get(to) if to else None
+        if serverless is None:
+            return route, None
+        self.metrics.spilled(route.deployment)
+        ctx.priced_as, ctx.upstream_model, ctx.checkpoint_version = to, serverless.upstream_model, serverless.checkpoint_version
+        return serverless, route.deployment
 
     async def _awake(self, attempt: Attempt, dep_name: str) -> None:
         """Hold the request while its deployment wakes from zero (serve/wake.py)."""

@@ -54,6 +54,12 @@ class Metrics:
             registry=r,
         )
         self.leases = Gauge("flywheel_leases_held", "leases held on a deployment (all replicas)", ["deployment"], registry=r)
+        self.overflow = Counter(
+            "flywheel_overflow_requests",
+            "requests a dedicated deployment spilled to the serverless deployment of its model",
+            ["deployment"],
+            registry=r,
+        )
         self.breaker = Gauge("flywheel_breaker_state", "0 closed, 1 half-open, 2 open", ["deployment"], registry=r)
         self._children: dict[tuple, object] = {}
 
@@ -80,6 +86,9 @@ class Metrics:
     def first_token(self, deployment: str, ttft_s: float, added_s: float) -> None:
         self._child(self.ttft, deployment).observe(ttft_s)
         self._child(self.added, deployment).observe(added_s)
+
+    def spilled(self, deployment: str) -> None:
+        self._child(self.overflow, deployment).inc()
 
     def rejected(self, model: str, team: str, status: int) -> None:
         self._child(self.requests, model, team, str(status)).inc()

@@ -69,7 +69,7 @@ class Settler:
         """The attempt holds nothing more: renewals stop, the lease is released, the budget
         settled (idempotent, as :meth:`Admission.release`)."""
         self.renewals.drop(attempt.admitted)
-        self.admission.release(attempt.admitted, attempt.ctx.alias, usage, produced=produced)
+        self.admission.release(attempt.admitted, attempt.ctx.price_model, usage, produced=produced)
 
     def first_token(self, deployment: str, capture: Capture) -> None:
         if (times := capture.first_token_times()) is not None:

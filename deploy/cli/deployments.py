@@ -8,6 +8,7 @@ profile's gateway as its admin (the key in the run directory). A team's key need
 from __future__ import annotations
 
 import time
+from enum import Enum
 from typing import Optional
 
 import httpx
@@ -29,6 +30,11 @@ UpOpt = typer.Option(None, "--scale-up-window", help="autoscale: seconds demand 
 DownOpt = typer.Option(None, "--scale-down-delay", help="autoscale: seconds demand stays below before a scale-down")
 ZeroOpt = typer.Option(None, "--scale-to-zero-after", help="autoscale, --min 0: seconds idle before the last replica stops")
 ColdOpt = typer.Option(None, "--cold-start-timeout", help="autoscale, --min 0: seconds a request waits for a replica")
+TtftOpt = typer.Option(None, "--ttft-p90-ms", help="autoscale: one more replica while the p90 time to first token is above it")
+
+
+class Overflow(str, Enum):
+    serverless = "serverless"
 
 
 class Api:
@@ -83,7 +89,7 @@ def _show(dep: dict) -> None:
         console.print(table)
 
 
-def replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s) -> dict:
+def replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s, ttft_ms=None) -> dict:
     """The create or scale body's ``replicas`` (and ``autoscale``) from the command line."""
     knobs = {
         "target_concurrency": target,
@@ -91,6 +97,7 @@ def replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s) -> 
         "scale_down_delay_s": down_s,
         "scale_to_zero_after_s": zero_s,
         "cold_start_timeout_s": cold_s,
+        "ttft_p90_ms": ttft_ms,
     }
     knobs = {k: v for k, v in knobs.items() if v is not None}
     if low is None and high is None:
@@ -103,7 +110,8 @@ def replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s) -> 
 
 
 def create(api: Api, model: str, name: Optional[str], replicas: dict, team: Optional[str], wait: bool) -> dict:
-    """``replicas``: the body's ``replicas`` (and ``autoscale``), as :func:`replicas_body` makes it."""
+    """``replicas``: the body's ``replicas`` (and ``autoscale``), as :func:`replicas_body` makes it,
+    and ``overflow``."""
     body = {"model": model, **replicas} | ({"name": name} if name else {}) | ({"team": team} if team else {})
     dep = api.call("POST", "/v1/deployments", body)
     r = dep["replicas"]
@@ -130,6 +138,10 @@ def deployments_create(
     down_s: Optional[float] = DownOpt,
     zero_s: Optional[float] = ZeroOpt,
     cold_s: Optional[float] = ColdOpt,
+    ttft_ms: Optional[float] = TtftOpt,
+    overflow: Optional[Overflow] = typer.Option(
+        None, help="a base model's deployment: spill to its serverless deployment when at max replicas and target"
+    ),
     team: Optional[str] = typer.Option(None, help="admin key only: whose deployment"),
     wait: bool = WaitOpt,
     url: Optional[str] = UrlOpt,
@@ -138,7 +150,9 @@ def deployments_create(
     set_: Optional[list[str]] = SetOpt,
 ):
     """Deploy a checkpoint on capacity of its own (a Dynamo graph for this deployment alone)."""
-    body = replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s)
+    body = replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s, ttft_ms)
+    if overflow:
+        body["overflow"] = overflow.value
     create(Api(profile, set_, url, api_key), model, name, body, team, wait)
 
 
@@ -183,6 +197,7 @@ def deployments_scale(
     down_s: Optional[float] = DownOpt,
     zero_s: Optional[float] = ZeroOpt,
     cold_s: Optional[float] = ColdOpt,
+    ttft_ms: Optional[float] = TtftOpt,
     wait: bool = WaitOpt,
     url: Optional[str] = UrlOpt,
     api_key: Optional[str] = KeyOpt,
@@ -190,7 +205,7 @@ def deployments_scale(
     set_: Optional[list[str]] = SetOpt,
 ):
     """Set the replicas (a count, or a range to autoscale in); scale-down drains a replica before it stops."""
-    body = replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s)
+    body = replicas_body(replicas, low, high, target, up_s, down_s, zero_s, cold_s, ttft_ms)
     api = Api(profile, set_, url, api_key)
     dep = api.call("POST", f"/v1/deployments/{dep_id}/scale", body)
     if wait:

@@ -25,7 +25,7 @@ import time
 
 import httpx
 
-from deploy.stack.autoscaler import Autoscaler, kv_usage
+from deploy.stack.autoscaler import Autoscaler, Signals, frontend_signals
 from deploy.stack.config import StackConfig
 from deploy.stack.graphs import graph_config, graph_indexes, graph_processes
 from deploy.stack.drain import Drains
@@ -70,8 +70,8 @@ class Reconciler:
                 continue
             if dep.get("autoscale"):
                 policy = self.autoscalers.setdefault(dep["id"], Autoscaler())
-                kv = kv_usage(g.frontend_url) if dep["status"] == "RUNNING" else []
-                seen["autoscale"] = policy.propose(now, dep, kv)
+                signals = frontend_signals(g.frontend_url) if dep["status"] == "RUNNING" else Signals()
+                seen["autoscale"] = policy.propose(now, dep, signals)
             self._report(dep["id"], seen)
         listed = {d["id"] for d in deps}
         for dep_id in set(self.autoscalers) - {d["id"] for d in deps if d.get("autoscale")}:

@@ -34,6 +34,8 @@ def _shown(gw: GatewayParts, caller: Caller, dep: DedicatedDeployment) -> dict:
     out = dep.public(operator=caller.admin or not gw.config.require_api_key)
     if caller.admin:  # the supervisor drains a deleted deployment down to 0 of these
         out["in_flight"] = gw.admission.leases_held(dep.id)[0]
+        if dep.overflow:  # its demand too: its autoscaler counts them
+            out["overflow_in_flight"] = gw.admission.spilled(dep.id)
     return out
 
 

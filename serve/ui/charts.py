@@ -1,4 +1,5 @@
-"""Bar charts as plain geometry for an inline SVG (drawn by the templates: no script, no CDN)."""
+"""Charts as plain geometry for an inline SVG (drawn by the templates: no script, no CDN): bars,
+and steps (a count over time)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,24 @@ def bars(points: list[tuple[str, float | None]]) -> dict:
             }
         )
     return {"bars": out, "width": WIDTH, "height": HEIGHT, "zero": round(zero, 1)}
+
+
+def steps(history: list[tuple[float, int, int]], now: float, top: int) -> dict:
+    """Two step lines over time, from the first point to ``now``: the desired and the ready
+    replicas of a deployment (``history``: (unix time, desired, ready) at each change), y from 0
+    to ``top``."""
+    start = history[0][0] if history else now
+    span, top = max(now - start, 1.0), max([top, 1] + [max(p[1], p[2]) for p in history])
+
+    def line(column: int) -> str:
+        points: list[str] = []
+        for i, point in enumerate(history):
+            x, y = WIDTH * (point[0] - start) / span, HEIGHT * (1 - point[column] / top)
+            if i:  # hold the previous count until this change
+                points.append(f"{x:.1f},{points[-1].split(',')[1]}")
+            points.append(f"{x:.1f},{y:.1f}")
+        if points:
+            points.append(f"{WIDTH:.1f},{points[-1].split(',')[1]}")
+        return " ".join(points)
+
+    return {"width": WIDTH, "height": HEIGHT, "desired": line(1), "ready": line(2), "top": top, "minutes": span / 60}

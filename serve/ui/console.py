@@ -4,6 +4,7 @@ a SQL console over the same team-scoped views as ``POST /v1/traces/query``."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import duckdb
@@ -11,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from serve.admission import micro_usd
-from serve.ui.charts import bars
+from serve.ui.charts import bars, steps
 from serve.ui.web import Web, web_of
 from traces.guard import QueryRefused
 
@@ -65,6 +66,7 @@ async def usage(request: Request, web: Web = Depends(web_of)):
         tokens_chart=bars(list(tokens.items())),
         cost_chart=bars(list(cost.items())),
         dedicated=dedicated,
+        replica_charts={d.id: steps(d.replica_history, time.time(), d.replicas.max or d.replicas.desired) for d in dedicated},
     )
 
 

@@ -198,12 +198,12 @@ def test_a_teams_checkpoint_deployed_dedicated_is_its_own(dedicated, keys):
 LONG = 1500  # tokens: ~20 s at this speed, beyond the 10 s a plain stop waits before SIGKILL
 
 
-def long_stream(cfg, headers: dict, model: str, i: int, started: threading.Event, out: list) -> None:
-    """One streamed request of LONG tokens; appends (status, tokens, finish_reason, response id)."""
+def long_stream(cfg, headers: dict, model: str, i: int, started: threading.Event, out: list, tokens: int = LONG) -> None:
+    """One streamed request of ``tokens``; appends (status, tokens, finish_reason, response id)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": f"a long answer {i}"}],
-        "max_tokens": LONG,
+        "max_tokens": tokens,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -386,6 +386,65 @@ def test_scaled_to_zero_when_idle_and_20_requests_at_zero_are_all_served(dedicat
     with api(dedicated) as c:
         c.delete(f"/v1/deployments/{dep['id']}", headers=keys["alpha"])
     wait_gone(dedicated, dep["id"])
+
+
+def streams_one_by_one(cfg, headers: dict, model: str, n: int, tokens: int) -> tuple[list[threading.Thread], list]:
+    """``n`` long streams, each started once the one before has its first line: each request
+    finds the ones before it in flight."""
+    threads, done = [], []
+    for i in range(n):
+        started = threading.Event()
+        threads.append(threading.Thread(target=long_stream, args=(cfg, headers, model, i, started, done, tokens)))
+        threads[-1].start()
+        assert started.wait(30), "a long stream did not start"
+    return threads, done
+
+
+def served_by(cfg, done: list) -> list:
+    ids = ", ".join(f"'{d[3]}'" for d in done)
+    return traces_until(cfg, f"SELECT deployment FROM traces WHERE gen_ai_response_id IN ({ids})", len(done))
+
+
+def test_overflow_spills_to_serverless_while_it_cannot_grow_and_stops_once_it_has_scaled(dedicated, keys):
+    knobs = {"target_concurrency": 2, "scale_up_window_s": 0.5, "scale_down_delay_s": 600}
+    body = {"model": "tiny", "name": "spill", "replicas": {"min": 1, "max": 3}, "autoscale": knobs, "overflow": "serverless"}
+    with api(dedicated) as c:
+        free = c.get("/v1/deployments", headers=keys["beta"]).json()["capacity"]["free"]
+        assert free >= 3, free
+        filler = c.post("/v1/deployments", json={"model": "tiny", "name": "filler", "replicas": free - 1}, headers=keys["beta"])
+        dep = c.post("/v1/deployments", json=body, headers=keys["alpha"]).json()
+    wait_for(dedicated, dep["id"], "RUNNING", 1)
+    wait_for(dedicated, filler.json()["id"], "RUNNING", free - 1)
+    # the pool is full: 6 streams find its one replica at target (2), the rest spill to serverless
+    threads, first = streams_one_by_one(dedicated, keys["alpha"], "alpha/spill", 6, LONG)
+    try:
+        t0, waiting = time.monotonic(), []
+        with api(dedicated) as c:
+            while not waiting:  # its scale-up waits for the pool, and says so
+                assert time.monotonic() - t0 < 30, "no scale-up decision waiting for capacity"
+                got = c.get(f"/v1/deployments/{dep['id']}", headers=admin(dedicated)).json()
+                waiting = [d for d in got["decisions"] if not d["applied"] and "capacity" in d["reason"]]
+                time.sleep(0.25)
+            assert got["overflow_in_flight"] == 4 and got["in_flight"] == 2, got
+            assert "flywheel_overflow_requests_total" in c.get("/metrics", headers=admin(dedicated)).text
+            c.delete(f"/v1/deployments/{filler.json()['id']}", headers=keys["beta"])
+        scaled = wait_for(dedicated, dep["id"], "RUNNING", 3, timeout_s=60)  # slots freed: the scale-up goes ahead
+    finally:
+        for t in threads:
+            t.join()
+    assert [d[:3] for d in first] == [(200, LONG, "length")] * 6, first
+    assert sorted(served_by(dedicated, first)) == sorted([dep["id"]] * 2 + [dedicated.deployment_name] * 4)
+    assert scaled["decisions"][-1]["applied"] and scaled["replicas"]["desired"] == 3
+    # scaled to its max, the same 6 fit its replicas: nothing spills
+    threads, second = streams_one_by_one(dedicated, keys["alpha"], "alpha/spill", 6, 200)
+    for t in threads:
+        t.join()
+    assert [d[0] for d in second] == [200] * 6, second
+    assert served_by(dedicated, second) == [dep["id"]] * 6
+    with api(dedicated) as c:
+        c.delete(f"/v1/deployments/{dep['id']}", headers=keys["alpha"])
+    wait_gone(dedicated, dep["id"])
+    wait_gone(dedicated, filler.json()["id"])
 
 
 def test_pool_refuses_beyond_it_and_a_delete_frees_slots(dedicated, keys):

@@ -89,6 +89,14 @@ def test_a_dedicated_deployment_through_its_life_as_the_gateway_sees_it(tmp_path
         seen = client.post(f"/admin/deployments/{dep['id']}/observed", json={**report, "ready": 1}, headers=admin)
         assert seen.json()["status"] == "RUNNING"
         assert client.get("/v1/deployments", headers=red_ops).json()["capacity"]["held"] == held - 1
+        # the usage page plots its replicas over time: a step at each change (desired, ready)
+        client.cookies.clear()
+        client.post("/ui/login", data={"key": keys["red"], "next": "/ui/usage"})
+        page = client.get("/ui/usage").text
+        plot = re.search(rf'data-deployment="{dep["id"]}">.*?class="ready"[^>]*points="([^"]*)"', page, re.S)
+        heights = [float(p.split(",")[1]) for p in plot.group(1).split()]
+        steps = [h for i, h in enumerate(heights) if i == 0 or h != heights[i - 1]]
+        assert steps == [160.0, 0.0, 80.0, 0.0, 80.0], heights  # ready 0, 2, 1 (lost), 2, then 1 (scaled down); y down
         # delete: out of routing at once; gone once the supervisor says its graph stopped
         assert client.delete(f"/v1/deployments/{dep['id']}", headers=red_ops).json()["status"] == "DELETING"
         assert "red/red-v1" not in [m["id"] for m in client.get("/v1/models", headers=red_ops).json()["data"]]
@@ -241,3 +249,25 @@ def test_a_request_waiting_for_a_wake_keeps_its_lease_past_the_ttl(tmp_path, tin
         waiting.join()
         assert answer[0].status_code == 503
         assert in_flight[-1] == 1 and min(in_flight[5:]) == 1, in_flight
+
+
+def test_overflow_spills_only_when_the_deployment_cannot_grow_and_is_at_target(tmp_path, tiny_model_dir):
+    with pooled_gateway(tmp_path, tiny_model_dir, slots=3) as (client, keys):
+        gw, admin = client.app.state.parts, bearer(keys["admin"])
+        gw.config.deployments[0].model_path = str(tiny_model_dir)  # `tiny` is a served base model
+        r = client.post("/v1/deployments", json={"model": "v1", "overflow": "serverless"}, headers=admin)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "overflow", r.text  # a checkpoint's weights
+        r = client.post("/v1/deployments", json={"model": "tiny", "overflow": "anywhere"}, headers=admin)
+        assert r.status_code == 400, r.text
+        body = {"model": "tiny", "name": "burst", "replicas": {"min": 1, "max": 2}, "autoscale": {"target_concurrency": 2}}
+        dep = client.post("/v1/deployments", json={**body, "overflow": "serverless"}, headers=admin).json()
+        assert (dep["overflow"], dep["overflow_model"]) == ("serverless", "tiny")
+        report = {"ready": 1, "url": "http://127.0.0.1:9", "admin_urls": [], "max_model_len": 2048}
+        client.post(f"/admin/deployments/{dep['id']}/observed", json=report, headers=admin)
+        held = [gw.admission.leases.reserve(dep["id"], f"r{i}", 0, 0, (-1, -1, -1)) for i in range(2)]
+        assert gw.deployments.spill_to(dep["id"]) is None  # at target, but a slot is free: it grows instead
+        client.post("/v1/deployments", json={"model": "v1", "name": "filler"}, headers=admin)
+        assert gw.deployments.spill_to(dep["id"]) == "tiny"  # the pool is full, its one replica at target
+        gw.admission.leases.settle(held.pop())
+        assert gw.deployments.spill_to(dep["id"]) is None  # below target again
+        assert gw.deployments.spill_to("d") is None  # the serverless deployment itself never spills

@@ -14,6 +14,10 @@ def test_a_count_a_range_and_the_knobs():
         "replicas": {"min": 0, "max": 3},
         "autoscale": {"target_concurrency": 2.0, "scale_down_delay_s": 30.0, "scale_to_zero_after_s": 60.0},
     }
+    assert replicas_body(None, 1, 2, None, None, None, None, None, 500.0) == {
+        "replicas": {"min": 1, "max": 2},
+        "autoscale": {"ttft_p90_ms": 500.0},
+    }
 
 
 @pytest.mark.parametrize(
