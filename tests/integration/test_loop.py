@@ -7,12 +7,14 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from deploy.cli.loop import run_loop
+from deploy.stack.graphs import graph_processes
 from loop.config import LoopConfig
 from loop.phases import Loop
 from loop.state import LoopState
@@ -60,7 +62,8 @@ def test_loop_on_an_environment_the_test_defines_raises_its_eval_reward_in_two_t
 def test_the_loops_checkpoint_deployed_dedicated_serves_its_weights_to_its_team_alone(stack):
     """A checkpoint `flywheel loop` registered, on capacity of its own for team alpha, while the
     serverless deployment keeps serving: alpha's greedy tokens are that checkpoint's (a Hugging
-    Face forward of it says so), and to beta it does not exist."""
+    Face forward of it says so), and to beta it does not exist. Autoscaled with min 0: idle, its
+    vLLM-CPU worker stops; 20 requests arriving at zero wake it, and each gets those tokens."""
     made = [c for c in Registry(stack.home_path / "checkpoints.json").list() if c.env == HEAD_ENV]
     assert made, "the loop test before this one registers the checkpoints"
     ckpt = max(made, key=lambda c: c.turn)
@@ -68,7 +71,9 @@ def test_the_loops_checkpoint_deployed_dedicated_serves_its_weights_to_its_team_
     url, admin = gw.url, {"Authorization": f"Bearer {stack.admin_key()}"}
     keys = KeyStore(gw.keys_file)
     alpha, beta = ({"Authorization": f"Bearer {keys.create(team)[1]}"} for team in ("alpha", "beta"))
-    created = httpx.post(f"{url}/v1/deployments", headers=admin, json={"model": ckpt.version, "name": "loop", "team": "alpha"})
+    knobs = {"scale_down_delay_s": 1, "scale_to_zero_after_s": 20, "cold_start_timeout_s": 300}
+    body = {"model": ckpt.version, "name": "loop", "team": "alpha", "replicas": {"min": 0, "max": 1}, "autoscale": knobs}
+    created = httpx.post(f"{url}/v1/deployments", headers=admin, json=body)
     assert created.status_code == 202, created.text
     dep = created.json()
     try:
@@ -86,12 +91,38 @@ def test_the_loops_checkpoint_deployed_dedicated_serves_its_weights_to_its_team_
         assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found", refused.text
         assert "alpha/loop" not in [m["id"] for m in httpx.get(f"{url}/v1/models", headers=beta).json()["data"]]
         assert "alpha/loop" in [m["id"] for m in httpx.get(f"{url}/v1/models", headers=alpha).json()["data"]]
+        asleep_then_woken_by_20(stack, url, admin, alpha, dep["id"], served)
     finally:
         httpx.delete(f"{url}/v1/deployments/{dep['id']}", headers=admin)
         t0 = time.monotonic()
         while httpx.get(f"{url}/v1/deployments/{dep['id']}", headers=admin).status_code != 404:
             assert time.monotonic() - t0 < 120, "the dedicated deployment was not deleted"
             time.sleep(0.5)
+
+
+def asleep_then_woken_by_20(stack, url: str, admin: dict, alpha: dict, dep_id: str, served: list[int]) -> None:
+    t0 = time.monotonic()
+    while (got := httpx.get(f"{url}/v1/deployments/{dep_id}", headers=admin).json())["replicas"]["ready"] or [
+        n for n in graph_processes(stack.run_dir).get(dep_id, []) if n.startswith("worker-")
+    ]:
+        assert time.monotonic() - t0 < 180, f"not scaled to zero: {got}"
+        time.sleep(1)
+    assert got["replicas"]["desired"] == 0 and got["decisions"][-1]["signal"] == "idle", got
+    body = {"model": "alpha/loop", "token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 6, "temperature": 0}}
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(
+            pool.map(lambda _: httpx.post(f"{url}/inference/v1/generate", headers=alpha, json=body, timeout=360), range(20))
+        )
+    assert [r.status_code for r in answers] == [200] * 20, [r.text[:200] for r in answers if r.status_code != 200][:3]
+    assert [r.json()["choices"][0]["token_ids"] for r in answers] == [served] * 20  # the checkpoint's, woken
+    ids = ", ".join(f"'{r.headers['x-trace-id']}'" for r in answers)
+    t0, waits = time.monotonic(), []
+    while len(waits) < 20 and time.monotonic() - t0 < 30:
+        waits = TraceStore(stack.traces_path).sql(f"SELECT queue_wait_ms FROM traces WHERE trace_id IN ({ids})")
+        waits = waits.column("queue_wait_ms").to_pylist()
+        time.sleep(0.5)
+    print(f"\nwoken from zero on vLLM-CPU: queue waits {min(waits):.0f}-{max(waits):.0f} ms")
+    assert len(waits) == 20 and min(waits) > 1000, waits  # each waited at the gateway while the worker started
 
 
 def test_a_loop_that_crashed_mid_turn_resumes_from_its_last_completed_phase(stack, monkeypatch):
