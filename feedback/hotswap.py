@@ -83,6 +83,25 @@ class HotSwap:
         return name
 
     def point(self, alias: str, version: str) -> None:
+        self._post(f"/admin/models/{alias}", self._route(alias, version), method="PUT")
+
+    def split(self, alias: str, weights: dict[str, float]) -> None:
+        """Serve ``alias`` from several versions at once, each a share of its sessions
+        (serve/split.py): adapters, or ``base``, all over the weights the deployment has loaded;
+        each is loaded first, then the split is set in one PUT. Not recorded as a promotion."""
+        for version in weights:
+            if version != BASE and self.registry.get(version).kind == "full":
+                raise HotSwapError(
+                    f"{version} is a full checkpoint: reloading it would change every arm; deploy it "
+                    "dedicated (flywheel deployments create) and split to that instead"
+                )
+        for version in weights:
+            self.load(alias, version)
+        arms = [{"route": self._route(alias, v), "weight": w, "name": v} for v, w in weights.items()]
+        self._post(f"/admin/models/{alias}", {"routes": arms}, method="PUT")
+
+    def _route(self, alias: str, version: str) -> dict:
+        """The route body that serves ``version`` under ``alias``."""
         lora_path = weight_dir = None
         if version == BASE:
             weight_dir = self.base_model_path  # what load() left there (None: never known)
@@ -94,17 +113,13 @@ class HotSwap:
                 # the adapter runs over whatever base weights are loaded: record them, so a reset
                 # or a restarted worker knows they were swapped
                 lora_path, weight_dir = str(Path(ckpt.path).resolve()), self._weights_now(alias)
-        self._post(
-            f"/admin/models/{alias}",
-            {
-                "deployment": self.deployment,
-                "upstream_model": self.upstream_name(alias, version),
-                "checkpoint_version": version,
-                "lora_path": lora_path,
-                "weight_dir": weight_dir,
-            },
-            method="PUT",
-        )
+        return {
+            "deployment": self.deployment,
+            "upstream_model": self.upstream_name(alias, version),
+            "checkpoint_version": version,
+            "lora_path": lora_path,
+            "weight_dir": weight_dir,
+        }
 
     def reset(self, alias: str) -> None:
         """Serve the base model under ``alias`` and record that as the new starting point."""

@@ -60,6 +60,7 @@ class RequestContext:
     # a request a dedicated deployment spilled to serverless: the serverless model, whose
     # per-token price it is charged (None: the alias's)
     priced_as: str | None = None
+    arm: str | None = None  # the arm of a split alias it took (serve/split.py)
     received: datetime = field(default_factory=_now)
     received_mono: float = field(default_factory=time.monotonic)  # the same moment, for durations
 
@@ -208,6 +209,7 @@ class Capture:
             gen_ai_request_model=c.alias,
             gen_ai_response_model=c.upstream_model,
             checkpoint_version=c.checkpoint_version,
+            arm=c.arm,
             deployment=c.deployment,
             worker_id=self.worker_id,
             gen_ai_response_id=self.response_id,

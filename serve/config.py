@@ -54,9 +54,26 @@ class ModelRoute(StrictModel):
         None, description="the teams that may see and call this alias (a team's own fine-tuned checkpoint); None: every team"
     )
 
+    split: list[Arm] | None = Field(
+        None,
+        description="a traffic split (serve/split.py): weighted arms, one taken per session (or request); "
+        "the fields above are the first arm's",
+    )
+
     def serves(self, team: str, admin: bool = False) -> bool:
         """Whether ``team`` may see and call this alias."""
         return admin or self.teams is None or team in self.teams
+
+
+class Arm(StrictModel):
+    """One arm of an alias's traffic split."""
+
+    route: ModelRoute = Field(description="the route this arm takes, as PUT /admin/models/<alias> takes one")
+    weight: float = Field(gt=0, le=1, description="its share of sessions (and of requests without one)")
+    name: str = Field(min_length=1, max_length=64, description="recorded in each trace's arm column")
+
+
+ModelRoute.model_rebuild()
 
 
 class ToolsConfig(StrictModel):

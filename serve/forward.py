@@ -33,6 +33,7 @@ from serve.outcome import Outcome
 from serve.relay import read_unary, relay
 from serve.send import send
 from serve.settle import Settler
+from serve.split import choose_arm
 from serve.team_turns import TeamTurns
 from serve.tools.definitions import Bounds, ToolLimits, checked_key, is_checked, parse_tools
 from serve.tools.grammar import grammar_for
@@ -78,6 +79,7 @@ class Forwarder:
         route = self.routes.get(body["model"])
         if route is None or not route.serves(ctx.team, ctx.admin):  # another team's alias does not exist here
             raise model_not_found(body["model"])
+        route = self._arm(route, ctx)
         route, spilled_from = self._overflow(route, ctx)
         dep = self.config.deployment(route.deployment)
         check_counts(body, dep.max_model_len)
@@ -151,6 +153,15 @@ class Forwarder:
         await self.settler.durable(capture.record(last_error.status, last_error.message, last_outcome))
         self.metrics.rejected(ctx.alias, ctx.team, last_error.status)
         raise last_error
+
+    @staticmethod
+    def _arm(route: ModelRoute, ctx: RequestContext) -> ModelRoute:
+        """The arm of a split alias the request takes, sticky per session (serve/split.py);
+        its trace records which."""
+        chosen, ctx.arm = choose_arm(route, ctx.scoped_session or ctx.trace_id)
+        if ctx.arm is not None:
+            ctx.upstream_model, ctx.checkpoint_version = chosen.upstream_model, chosen.checkpoint_version
+        return chosen
 
     def _overflow(self, route: ModelRoute, ctx: RequestContext) -> tuple[ModelRoute, str | None]:
         """The route to take, and the dedicated deployment it spilled from (None: it did not).

@@ -15,7 +15,8 @@ no reference (``prompt_prefix_trace_id`` null) stores its whole prompt in
 
 Versions: 1 stored the whole prompt in ``prompt_token_ids``. 2 adds the prefix reference. 3 adds
 ``batch_id`` and ``custom_id`` (a line of the Batch API). 4 adds ``outcome`` (how the request
-ended, ``serve/outcome.py``'s kinds: ok, client_gone, upstream_error, ...). The
+ended, ``serve/outcome.py``'s kinds: ok, client_gone, upstream_error, ...). 5 adds ``arm`` (the arm
+of a split alias that served it, ``serve/split.py``). The
 store reads every version through one view (missing columns read as null), so old files stay
 readable; bump ``SCHEMA_VERSION`` whenever a column is added, renamed or changes meaning.
 """
@@ -29,7 +30,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _ts = pa.timestamp("us", tz="UTC")
 
@@ -45,6 +46,7 @@ TRACE_SCHEMA = pa.schema(
         ("gen_ai_request_model", pa.string()),  # the alias the client asked for
         ("gen_ai_response_model", pa.string()),  # the engine-side model name that served it
         ("checkpoint_version", pa.string()),
+        ("arm", pa.string()),  # the arm of a split alias that served it (serve/split.py)
         ("deployment", pa.string()),
         ("worker_id", pa.string()),
         ("gen_ai_response_id", pa.string()),
@@ -105,6 +107,7 @@ class TraceRecord(msgspec.Struct, kw_only=True):
     gen_ai_request_model: str | None = None
     gen_ai_response_model: str | None = None
     checkpoint_version: str | None = None
+    arm: str | None = None
     deployment: str | None = None
     worker_id: str | None = None
     gen_ai_response_id: str | None = None

@@ -126,6 +126,36 @@ def ckpt_deploy(
     console.print(f"{alias or cfg.worker.served_model_name} -> {version}")
 
 
+@ckpt_app.command("split")
+def ckpt_split(
+    arms: list[str] = typer.Argument(..., help="VERSION=WEIGHT for each arm (weights summing to 1), e.g. v3=0.9 v4=0.1"),
+    alias: Optional[str] = typer.Option(None),
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+):
+    """Serve the alias from several versions at once, each a share of its sessions (sticky per
+    session; each trace's `arm` says which): a canary of a LoRA beside the one serving now."""
+    from feedback.hotswap import HotSwapError
+    from feedback.registry import RegistryError
+
+    weights = {}
+    for item in arms:
+        version, _, weight = item.partition("=")
+        try:
+            weights[version] = float(weight)
+        except ValueError:
+            raise typer.BadParameter(f"{item!r}: give VERSION=WEIGHT, e.g. v4=0.1") from None
+    cfg = _config(profile, set_)
+    _, swap = _swap(cfg)
+    name = alias or cfg.worker.served_model_name
+    try:
+        swap.split(name, weights)
+    except (HotSwapError, RegistryError) as exc:
+        console.print(f"[red]split failed:[/] {exc}")
+        raise typer.Exit(1)
+    console.print(f"{name} -> " + ", ".join(f"{v} {w:.0%}" for v, w in weights.items()))
+
+
 @ckpt_app.command("rollback")
 def ckpt_rollback(
     alias: Optional[str] = typer.Option(None),

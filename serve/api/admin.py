@@ -12,6 +12,7 @@ from serve.config import ModelRoute
 from serve.errors import APIError, invalid_request, model_not_found
 from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
+from serve.split import SplitRequest, split_route
 
 router = APIRouter()
 
@@ -42,19 +43,27 @@ async def admin_deployments(request: Request, gw: GatewayParts = Depends(parts))
     }
 
 
-@router.put("/admin/models/{alias}", openapi_extra=json_body(ModelRoute))
+@router.put("/admin/models/{alias}", openapi_extra=json_body(ModelRoute, SplitRequest))
 async def admin_set_model(alias: str, request: Request, gw: GatewayParts = Depends(parts)):
-    """Point an alias at a deployment's model (a base model or a loaded LoRA)."""
+    """Point an alias at a deployment's model (a base model or a loaded LoRA), or split it over
+    several such routes with weights (serve/split.py)."""
     gw.require_admin(request)
-    try:
-        route = ModelRoute.model_validate(json_codec.request_object(await request.body())[0])
-    except ValidationError as exc:
-        raise invalid_request(exc.errors()) from None
-    for name in [route.deployment, *route.fallbacks]:
+    body = json_codec.request_object(await request.body())[0]
+    if isinstance(body, dict) and "routes" in body:
+        route = split_route(body)
+    else:
         try:
-            gw.config.deployment(name)
-        except KeyError:
-            raise APIError(400, f"unknown deployment {name!r}", param="deployment") from None
+            route = ModelRoute.model_validate(body)
+        except ValidationError as exc:
+            raise invalid_request(exc.errors()) from None
+        if route.split:
+            raise APIError(400, 'a split is PUT as {"routes": [...]}, where its weights are checked', param="split")
+    for arm in [a.route for a in route.split or []] or [route]:
+        for name in [arm.deployment, *arm.fallbacks]:
+            try:
+                gw.config.deployment(name)
+            except KeyError:
+                raise APIError(400, f"unknown deployment {name!r}", param="deployment") from None
     gw.routes[alias] = route
     return {alias: route.model_dump()}
 

@@ -17,6 +17,7 @@ from deploy.stack.processes import Component, ProcessManager
 from serve.config import Budget, Capacity, Deployment, GatewayConfig, ModelRoute, TeamLimits
 from serve.keys import KeyStore
 from tests.conftest import RedisServer
+from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
 
@@ -286,6 +287,53 @@ def test_an_alias_moved_through_one_replica_is_served_by_the_other_and_survives_
     _restart_replica(ha, 0)
     _restart_replica(ha, 1)
     assert [_served_version(u, "tiny-swap") for u in (url0, url1)] == ["v-two", "v-two"]
+
+
+def _arm(name: str, weight: float, deployment: str = "b") -> dict:
+    route = {"deployment": deployment, "upstream_model": "tiny", "checkpoint_version": name}
+    return {"route": route, "weight": weight, "name": name}
+
+
+def test_a_split_alias_holds_its_weights_through_both_replicas_and_keeps_each_session_on_one_arm(ha):
+    url0, url1 = ha["urls"]
+    admin = {"Authorization": "Bearer adm"}
+    for bad in (
+        {"routes": [_arm("stable", 0.9), _arm("candidate", 0.2)]},  # weights summing to 1.1
+        {"routes": [_arm("stable", 0.5), _arm("candidate", 0.5, deployment="nowhere")]},  # an unknown route
+        {"routes": [_arm("stable", 0.5), _arm("stable", 0.5)]},
+        {"routes": []},
+        {"deployment": "b", "upstream_model": "tiny", "split": [_arm("stable", 1.0)]},  # weights unchecked that way
+    ):
+        r = httpx.put(f"{url0}/admin/models/tiny-split", headers=admin, json=bad)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (bad, r.text)
+    assert "tiny-split" not in httpx.get(f"{url0}/admin/models", headers=admin).json()  # nothing changed
+    split = {"routes": [_arm("stable", 0.9), _arm("candidate", 0.1)]}
+    assert httpx.put(f"{url0}/admin/models/tiny-split", headers=admin, json=split).status_code == 200
+    t0 = time.monotonic()
+    while "tiny-split" not in httpx.get(f"{url1}/admin/models", headers=admin).json():
+        assert time.monotonic() - t0 < 5, "replica B does not know the split"
+        time.sleep(0.05)
+
+    def session(i: int) -> list[int]:  # two turns, each through the other replica
+        return [chat(ha["urls"][(i + t) % 2], model="tiny-split", session=f"split-{i}", max_tokens=1).status_code for t in (0, 1)]
+
+    with ThreadPoolExecutor(16) as pool:
+        statuses = [s for pair in pool.map(session, range(1000)) for s in pair]
+    assert statuses == [200] * 2000, {s: statuses.count(s) for s in set(statuses)}
+    query = "SELECT gen_ai_conversation_id AS s, arm, checkpoint_version FROM traces WHERE gen_ai_request_model = 'tiny-split'"
+    t0, rows = time.monotonic(), []
+    while len(rows) < 2000 and time.monotonic() - t0 < 60:
+        rows = TraceStore(ha["tmp"] / "traces").sql(query).to_pylist()
+        time.sleep(0.5)
+    assert len(rows) == 2000 and all(r["arm"] == r["checkpoint_version"] for r in rows), rows[:3]
+    arms_of: dict[str, set] = {}
+    for r in rows:
+        arms_of.setdefault(r["s"], set()).add(r["arm"])
+    assert len(arms_of) == 1000 and all(len(a) == 1 for a in arms_of.values())  # each session on one arm
+    share = sum(r["arm"] == "candidate" for r in rows) / len(rows)
+    print(f"\nsplit 0.9/0.1 over 2,000 requests: candidate {share:.3f}")
+    assert abs(share - 0.1) <= 0.03, share
+    httpx.delete(f"{url0}/admin/models/tiny-split", headers=admin)
 
 
 def _ignore(fn):

@@ -91,6 +91,25 @@ def test_lora_swap_under_20_rps_fails_nothing_and_serves_the_new_weights(stack, 
     models = {m["id"]: m["checkpoint_version"] for m in httpx.get(f"{url}/v1/models").json()["data"]}
     assert models["tiny"] == BASE
 
+    # A split: half the sessions on the adapter, half on the base; each trace's arm says which,
+    # and its greedy tokens are that arm's weights'
+    swap.split("tiny", {BASE: 0.5, version: 0.5})
+    for i in range(12):
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            headers={"X-Env-ID": "swap-split", "X-Session-ID": f"split-{i}"},
+            json={"model": "tiny", "messages": PROMPT, "max_tokens": 6, "temperature": 0},
+        )
+        assert r.status_code == 200, r.text
+    wait_for_trace_rows(store, "swap-split", 12)
+    by_arm: dict[str, set] = {}
+    for row in store.sql("SELECT arm, completion_token_ids FROM traces WHERE env_id = 'swap-split'").to_pylist():
+        by_arm.setdefault(row["arm"], set()).add(tuple(row["completion_token_ids"]))
+    assert set(by_arm) == {BASE, version} and all(len(t) == 1 for t in by_arm.values()), by_arm
+    assert by_arm[BASE] != by_arm[version]
+    swap.reset("tiny")
+
 
 def test_a_killed_worker_comes_back_by_itself_with_the_weights_and_adapter_its_aliases_serve(stack, tmp_path):
     import os
