@@ -114,11 +114,13 @@ class Admission:
         batch: bool = False,
         worst: tuple[int, int] | None = None,
         demand_of: str | None = None,
+        charged: bool = True,
     ) -> Admitted:
         """``worst``: :func:`worst_case_tokens` of ``body``, when the caller has it already.
         ``demand_of``: the dedicated deployment that spilled this request to ``deployment``; it
-        is counted in that one's demand (:meth:`spilled`) while it runs, so its autoscaler sees it."""
-        admitted = await self._admit(deployment, team, model, body, batch, worst)
+        is counted in that one's demand (:meth:`spilled`) while it runs, so its autoscaler sees it.
+        ``charged`` False: the platform's own copy (a shadow arm's): a lease on the deployment, nothing on the team."""
+        admitted = await self._admit(deployment, team, model, body, batch, worst, charged)
         if demand_of is not None:
             admitted.demand = self.leases.reserve(demand_of + OVERFLOW, _rid("d-"), 0, 0, (NO_LIMIT, NO_LIMIT, NO_LIMIT))
         return admitted
@@ -128,13 +130,13 @@ class Admission:
         return self.leases.totals(deployment + OVERFLOW).live
 
     async def _admit(
-        self, deployment: str, team: str, model: str, body: dict, batch: bool, worst: tuple[int, int] | None
+        self, deployment: str, team: str, model: str, body: dict, batch: bool, worst: tuple[int, int] | None, charged: bool
     ) -> Admitted:
         prompt, completion = worst or worst_case_tokens(body)
         price = self.config.prices.get(model)
         discount = price.batch_discount if (batch and price) else 0.0
-        budget_want = self._budget_want(team, price, prompt, completion, discount)
-        running_want = None if batch else self._running_want(team)
+        budget_want = self._budget_want(team, price, prompt, completion, discount) if charged else None
+        running_want = None if batch or not charged else self._running_want(team)
         if not batch:
             self.interactive.seen(model)  # batch lines make room (serve/batch/lanes.py)
             lease_want = self._lease_want(deployment, prompt + completion)

@@ -61,6 +61,7 @@ class RequestContext:
     # per-token price it is charged (None: the alias's)
     priced_as: str | None = None
     arm: str | None = None  # the arm of a split alias it took (serve/split.py)
+    shadow_route: ModelRoute | None = None  # a shadow arm's copy: the route it goes to, answered to no one
     received: datetime = field(default_factory=_now)
     received_mono: float = field(default_factory=time.monotonic)  # the same moment, for durations
 

@@ -69,8 +69,11 @@ class Arm(StrictModel):
     """One arm of an alias's traffic split."""
 
     route: ModelRoute = Field(description="the route this arm takes, as PUT /admin/models/<alias> takes one")
-    weight: float = Field(gt=0, le=1, description="its share of sessions (and of requests without one)")
+    weight: float = Field(
+        gt=0, le=1, description="its share of sessions (and of requests without one); a shadow's: of requests copied to it"
+    )
     name: str = Field(min_length=1, max_length=64, description="recorded in each trace's arm column")
+    shadow: bool = Field(False, description="gets a copy of its share of requests: answers traced, never returned")
 
 
 ModelRoute.model_rebuild()

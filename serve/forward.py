@@ -13,16 +13,17 @@ durable before the response finishes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from serve.admission import Admission, worst_case_tokens
 from serve.affinity import Affinity
 from serve.attempt import Attempt, AttemptFailed
 from serve.breaker import Breakers
-from serve.capture import Capture, RequestContext
+from serve.capture import Capture, RequestContext, new_trace_id
 from serve.choose import Chooser
 from serve.config import GatewayConfig, ModelRoute
 from serve.context_limit import check_counts, check_text, might_overflow
@@ -33,7 +34,7 @@ from serve.outcome import Outcome
 from serve.relay import read_unary, relay
 from serve.send import send
 from serve.settle import Settler
-from serve.split import choose_arm
+from serve.split import choose_arm, shadow_arms
 from serve.team_turns import TeamTurns
 from serve.tools.definitions import Bounds, ToolLimits, checked_key, is_checked, parse_tools
 from serve.tools.grammar import grammar_for
@@ -43,6 +44,7 @@ from serve.wake import until_awake
 from traces.writer import TraceWriter
 
 log = logging.getLogger(__name__)
+MAX_SHADOWS = 64  # shadow copies in flight per gateway replica
 
 
 @dataclass
@@ -73,13 +75,17 @@ class Forwarder:
         self.tool_limits = ToolLimits(config.tools.max_tools, config.tools.max_tools_bytes, config.tools.max_schema_depth)
         self.pool = UpstreamPool(read_timeout=config.upstream_timeout_s)
         self.turns = TeamTurns()
+        self.shadows: set[asyncio.Task] = set()  # shadow arms' copies running (held: a bare task may be collected)
 
     async def forward(self, operation: str, body: dict, ctx: RequestContext):
         """Returns the client's view (a dict, or a :class:`Stream`) and the headers to send."""
-        route = self.routes.get(body["model"])
-        if route is None or not route.serves(ctx.team, ctx.admin):  # another team's alias does not exist here
-            raise model_not_found(body["model"])
-        route = self._arm(route, ctx)
+        if ctx.shadow_route is not None:  # a shadow arm's copy (serve/split.py): answered to no one
+            alias_route = route = ctx.shadow_route
+        else:
+            alias_route = self.routes.get(body["model"])
+            if alias_route is None or not alias_route.serves(ctx.team, ctx.admin):  # another team's does not exist here
+                raise model_not_found(body["model"])
+            route = self._arm(alias_route, ctx)
         route, spilled_from = self._overflow(route, ctx)
         dep = self.config.deployment(route.deployment)
         check_counts(body, dep.max_model_len)
@@ -94,15 +100,17 @@ class Forwarder:
         grammar = await self.turns.run(ctx.team, grammar_for, tool_req, self.config.tools.layout) if tool_req else None
         rewrite = Rewrite(body, operation, route.upstream_model, grammar, ctx.prompt_json, ctx.team, admin=ctx.admin)
         headers = {"X-Trace-ID": ctx.trace_id}
-        if ctx.batch_id is None:  # batch lines have their own lane (serve/batch/lanes.py)
+        if ctx.batch_id is None and ctx.shadow_route is None:  # batch lines have their own lane (serve/batch/lanes.py)
             try:
                 headers.update(self.admission.rate_limit(ctx.team, worst))
             except APIError as err:
                 await self._refused(ctx, capture, err)
                 raise
+            self._copy_to_shadows(operation, body, ctx, alias_route)
         last_error = APIError(503, f"no healthy deployment serves {ctx.alias!r} (all circuit breakers open)", type="server_error")
         last_outcome = Outcome.REJECTED
-        for dep_name in self.chooser.order(route, ctx.scoped_session):
+        # a shadow copy leaves the session's pinned deployment alone
+        for dep_name in self.chooser.order(route, None if ctx.shadow_route else ctx.scoped_session):
             if not self.chooser.allow(dep_name):
                 continue
             t_wait = time.monotonic()
@@ -115,6 +123,7 @@ class Forwarder:
                     batch=ctx.batch_id is not None,
                     worst=worst,
                     demand_of=spilled_from,
+                    charged=ctx.shadow_route is None,  # the platform's copy, not the team's request
                 )
             except CapacityExceeded as err:  # full: the next deployment may have room
                 last_error, last_outcome = err, Outcome.REJECTED
@@ -162,6 +171,37 @@ class Forwarder:
         if ctx.arm is not None:
             ctx.upstream_model, ctx.checkpoint_version = chosen.upstream_model, chosen.checkpoint_version
         return chosen
+
+    def _copy_to_shadows(self, operation: str, body: dict, ctx: RequestContext, route: ModelRoute) -> None:
+        """Send a copy of the request to each shadow arm it falls to, unary, in the background:
+        its answer is traced (its own trace id, the arm's name) and dropped. At most
+        ``MAX_SHADOWS`` copies run at once; beyond that one is skipped, never waited for."""
+        for arm in shadow_arms(route, ctx.scoped_session or ctx.trace_id):
+            if len(self.shadows) >= MAX_SHADOWS:
+                self.metrics.shadow_skipped.inc()
+                continue
+            unary = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+            copy = replace(
+                ctx,
+                body=unary,
+                trace_id=new_trace_id(),
+                arm=arm.name,
+                shadow_route=arm.route,
+                upstream_model=arm.route.upstream_model,
+                checkpoint_version=arm.route.checkpoint_version,
+                deployment=arm.route.deployment,
+            )
+            task = asyncio.get_running_loop().create_task(self._shadow(operation, unary, copy))
+            self.shadows.add(task)
+            task.add_done_callback(self.shadows.discard)
+
+    async def _shadow(self, operation: str, body: dict, ctx: RequestContext) -> None:
+        try:
+            await self.forward(operation, body, ctx)
+        except APIError:
+            pass  # refused or failed: its trace says so
+        except Exception:  # a bug here must not reach the client's request: it is already answered
+            log.exception("shadow copy %s to %s failed", ctx.trace_id, ctx.arm)
 
     def _overflow(self, route: ModelRoute, ctx: RequestContext) -> tuple[ModelRoute, str | None]:
         """The route to take, and the dedicated deployment it spilled from (None: it did not).

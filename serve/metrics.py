@@ -60,6 +60,9 @@ class Metrics:
             ["deployment"],
             registry=r,
         )
+        self.shadow_skipped = Counter(
+            "flywheel_shadow_skipped", "copies for a shadow arm not sent: too many already running", registry=r
+        )
         self.breaker = Gauge("flywheel_breaker_state", "0 closed, 1 half-open, 2 open", ["deployment"], registry=r)
         self._children: dict[tuple, object] = {}
 

@@ -17,6 +17,7 @@ from deploy.stack.processes import Component, ProcessManager
 from serve.config import Budget, Capacity, Deployment, GatewayConfig, ModelRoute, TeamLimits
 from serve.keys import KeyStore
 from tests.conftest import RedisServer
+from serve.split import shadow_arms, split_route
 from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
@@ -333,6 +334,31 @@ def test_a_split_alias_holds_its_weights_through_both_replicas_and_keeps_each_se
     share = sum(r["arm"] == "candidate" for r in rows) / len(rows)
     print(f"\nsplit 0.9/0.1 over 2,000 requests: candidate {share:.3f}")
     assert abs(share - 0.1) <= 0.03, share
+    # a shadow arm: a copy of half the requests, answered by it and traced, never returned
+    shadowed = {"routes": [_arm("stable", 1.0), {**_arm("shadow", 0.5), "shadow": True}]}
+    assert httpx.put(f"{url0}/admin/models/tiny-split", headers=admin, json=shadowed).status_code == 200
+    time.sleep(1)  # both replicas poll the table every 0.2 s
+
+    def turn(i: int) -> tuple[int, str]:
+        r = chat(ha["urls"][i % 2], model="tiny-split", session=f"shadowed-{i}", max_tokens=2, stream=i % 3 == 0)
+        answer = r.json()["id"] if i % 3 else next(line for line in r.text.splitlines() if line.startswith("data: {"))
+        return r.status_code, answer
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(turn, range(200)))
+    assert [a[0] for a in answers] == [200] * 200
+    query = "SELECT team, arm, gen_ai_response_id, http_status FROM traces WHERE gen_ai_conversation_id LIKE 'shadowed-%'"
+    route, t0, rows, want = split_route(shadowed), time.monotonic(), [], None
+    while (want is None or len(rows) < want) and time.monotonic() - t0 < 30:  # the copies run behind their requests
+        time.sleep(0.5)
+        rows = TraceStore(ha["tmp"] / "traces").sql(query).to_pylist()
+        if rows:  # which requests are copied is the hash of their team's session: known here too
+            want = 200 + sum(bool(shadow_arms(route, f"{rows[0]['team']}/shadowed-{i}")) for i in range(200))
+    copies = [r for r in rows if r["arm"] == "shadow"]
+    assert len(rows) == want and 60 <= len(copies) <= 140, (len(rows), want, len(copies))
+    assert all(r["http_status"] == 200 for r in copies) and {r["arm"] for r in rows} == {"stable", "shadow"}
+    returned = "\n".join(a[1] for a in answers)
+    assert not [r for r in copies if r["gen_ai_response_id"] in returned]  # no client saw a shadow's answer
     httpx.delete(f"{url0}/admin/models/tiny-split", headers=admin)
 
 

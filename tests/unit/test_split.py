@@ -5,7 +5,7 @@ import pytest
 
 from serve.config import ModelRoute
 from serve.errors import APIError
-from serve.split import choose_arm, split_route
+from serve.split import choose_arm, shadow_arms, split_route
 
 
 def arm(name: str, weight: float, **route) -> dict:
@@ -25,6 +25,17 @@ def test_each_key_takes_one_arm_always_and_the_arms_get_their_weights():
     plain = ModelRoute(deployment="d", upstream_model="tiny")
     assert choose_arm(plain, "anything") == (plain, None)
     assert split_route({"routes": [arm("only", 1.0)]}).split is None  # one arm is a plain route
+
+
+def test_a_shadow_arm_takes_no_request_and_gets_a_copy_of_its_share():
+    route = split_route({"routes": [arm("stable", 1.0), {**arm("candidate", 0.25), "shadow": True}]})
+    keys = [f"team/s-{i}" for i in range(20_000)]
+    assert {choose_arm(route, k)[1] for k in keys} == {"stable"}  # its weight is not in the serving arms' sum
+    copied = [k for k in keys if shadow_arms(route, k)]
+    assert abs(len(copied) / len(keys) - 0.25) < 0.015
+    assert copied == [k for k in keys if shadow_arms(route, k)]  # the same requests every time
+    with pytest.raises(APIError):  # no serving arm at all
+        split_route({"routes": [{**arm("candidate", 1.0), "shadow": True}, {**arm("other", 1.0), "shadow": True}]})
 
 
 @pytest.mark.parametrize(
