@@ -75,6 +75,11 @@ class RequestContext:
     def price_model(self) -> str:
         return self.priced_as or self.alias
 
+    def take(self, route: ModelRoute) -> None:
+        """Record ``route`` as the one this request goes by (a split's arm, or the serverless
+        route it spilled to) in place of its alias's; the deployment is set per attempt."""
+        self.upstream_model, self.checkpoint_version = route.upstream_model, route.checkpoint_version
+
     @classmethod
     def for_route(cls, route: ModelRoute | None, trace_id: str, operation: str, body: dict, **who: str | None) -> RequestContext:
         """A context for ``body``, with what its model's route says (``route`` is the routing

@@ -169,7 +169,7 @@ class Forwarder:
         its trace records which."""
         chosen, ctx.arm = choose_arm(route, ctx.scoped_session or ctx.trace_id)
         if ctx.arm is not None:
-            ctx.upstream_model, ctx.checkpoint_version = chosen.upstream_model, chosen.checkpoint_version
+            ctx.take(chosen)
         return chosen
 
     def _copy_to_shadows(self, operation: str, body: dict, ctx: RequestContext, route: ModelRoute) -> None:
@@ -181,16 +181,9 @@ class Forwarder:
                 self.metrics.shadow_skipped.inc()
                 continue
             unary = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-            copy = replace(
-                ctx,
-                body=unary,
-                trace_id=new_trace_id(),
-                arm=arm.name,
-                shadow_route=arm.route,
-                upstream_model=arm.route.upstream_model,
-                checkpoint_version=arm.route.checkpoint_version,
-                deployment=arm.route.deployment,
-            )
+            copy = replace(ctx, body=unary, trace_id=new_trace_id(), arm=arm.name, shadow_route=arm.route)
+            copy.deployment = arm.route.deployment
+            copy.take(arm.route)
             task = asyncio.get_running_loop().create_task(self._shadow(operation, unary, copy))
             self.shadows.add(task)
             task.add_done_callback(self.shadows.discard)
@@ -215,7 +208,8 @@ class Forwarder:
         if serverless is None:
             return route, None
         self.metrics.spilled(route.deployment)
-        ctx.priced_as, ctx.upstream_model, ctx.checkpoint_version = to, serverless.upstream_model, serverless.checkpoint_version
+        ctx.priced_as = to
+        ctx.take(serverless)
         return serverless, route.deployment
 
     async def _awake(self, attempt: Attempt, dep_name: str) -> None:
