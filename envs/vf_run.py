@@ -113,7 +113,7 @@ class NotEnoughTasks(ValueError):
     """The taskset has fewer tasks than the run asked for."""
 
 
-def _trace_ids(
+def trace_ids(
     base_url: str, key: str, sessions: list[str], expect_at_least: int, timeout_s: float = 20.0
 ) -> dict[str, list[str]]:
     """Session id -> the gateway trace ids of its turns (waits for them to reach Parquet)."""
@@ -137,7 +137,7 @@ def _trace_ids(
         time.sleep(0.3)
 
 
-def run_env(
+def play(
     taskset: str,
     base_url: str,
     key: str,
@@ -151,22 +151,35 @@ def run_env(
     offset: int = 0,
     taskset_args: dict | None = None,
 ) -> list[EpisodeResult]:
-    """Run ``rollouts`` episodes of each of tasks ``offset .. offset + n``, then post each
-    rollout's reward against every trace of its session. ``taskset_args`` are the taskset's
+    """Run ``rollouts`` episodes of each of tasks ``offset .. offset + n`` through the gateway as
+    ``key``'s team; their rewards are scored, not posted. ``taskset_args`` are the taskset's
     config fields (``seed``, ``n``, its own)."""
-    env_id = env_id or taskset
     os.environ[KEY_VAR] = key
-    results = asyncio.run(
+    env_id = env_id or taskset
+    return asyncio.run(
         _episodes(taskset, base_url, model, n, rollouts, max_tokens, temperature, max_turns, env_id, offset, taskset_args)
     )
-    traces = _trace_ids(base_url, key, [r.session_id for r in results], len(results))
-    feedback = [
-        {"trace_id": t, "reward": r.reward, "source": f"env:{env_id}"} for r in results for t in traces.get(r.session_id, [])
-    ]
+
+
+def reward_feedback(base_url: str, key: str, results: list[EpisodeResult], source: str) -> list[list[dict]]:
+    """Each episode's reward as feedback items, one per trace of its session (waits for the
+    traces to be queryable), grouped by episode."""
+    traces = trace_ids(base_url, key, [r.session_id for r in results], len(results))
+    return [[{"trace_id": t, "reward": r.reward, "source": source} for t in traces.get(r.session_id, [])] for r in results]
+
+
+def post_feedback(base_url: str, key: str, feedback: list[dict]) -> None:
     if feedback:
         httpx.post(
             f"{base_url}/v1/feedback", json={"feedback": feedback}, headers={"Authorization": f"Bearer {key}"}, timeout=60
         ).raise_for_status()
+
+
+def run_env(taskset: str, base_url: str, key: str, model: str, **kw) -> list[EpisodeResult]:
+    """:func:`play`, then post each rollout's reward against every trace of its session."""
+    results = play(taskset, base_url, key, model, **kw)
+    env_id = kw.get("env_id") or taskset
+    post_feedback(base_url, key, [f for episode in reward_feedback(base_url, key, results, f"env:{env_id}") for f in episode])
     return results
 
 
@@ -180,7 +193,9 @@ def main() -> None:
     ap.add_argument("-r", "--rollouts", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=16)
     args = ap.parse_args()
-    results = run_env(args.taskset, args.base_url, args.key, args.model, args.n, args.rollouts, args.max_tokens)
+    results = run_env(
+        args.taskset, args.base_url, args.key, args.model, n=args.n, rollouts=args.rollouts, max_tokens=args.max_tokens
+    )
     for r in results:
         print(f"{r.example_id}\t{r.reward:.3f}\t{r.reply[:60]!r}")
     print(f"mean reward {sum(r.reward for r in results) / max(len(results), 1):.3f} over {len(results)} rollouts")

@@ -170,7 +170,8 @@ def content_hash(rows: list[dict]) -> str:
 def select_rows(store: TraceStore, sql: str, reward_name: str = "reward") -> list[dict]:
     """Trace rows from ``sql`` with full prompt ids and a ``reward`` (from the SQL, else the
     ``rewards`` view), ordered by trace id."""
-    store.refresh()
+    if not store.sandbox:  # a team's sandbox is a fresh snapshot already, and fixed
+        store.refresh()
     table = store.sql(f"SELECT * FROM ({sql}) ORDER BY trace_id")
     missing = {"trace_id", "gen_ai_input_messages", "completion_token_ids"} - set(table.column_names)
     if missing:

@@ -85,10 +85,11 @@ class HotSwap:
     def point(self, alias: str, version: str) -> None:
         self._post(f"/admin/models/{alias}", self._route(alias, version), method="PUT")
 
-    def split(self, alias: str, weights: dict[str, float]) -> None:
+    def split(self, alias: str, weights: dict[str, float], shadow: frozenset[str] = frozenset()) -> None:
         """Serve ``alias`` from several versions at once, each a share of its sessions
         (serve/split.py): adapters, or ``base``, all over the weights the deployment has loaded;
-        each is loaded first, then the split is set in one PUT. Not recorded as a promotion."""
+        each is loaded first, then the split is set in one PUT. A version in ``shadow`` gets a
+        copy of its share and answers no client. Not recorded as a promotion."""
         for version in weights:
             if version != BASE and self.registry.get(version).kind == "full":
                 raise HotSwapError(
@@ -97,7 +98,7 @@ class HotSwap:
                 )
         for version in weights:
             self.load(alias, version)
-        arms = [{"route": self._route(alias, v), "weight": w, "name": v} for v, w in weights.items()]
+        arms = [{"route": self._route(alias, v), "weight": w, "name": v, "shadow": v in shadow} for v, w in weights.items()]
         self._post(f"/admin/models/{alias}", {"routes": arms}, method="PUT")
 
     def _route(self, alias: str, version: str) -> dict:

@@ -34,10 +34,15 @@ class Checkpoint:
     env: str | None = None  # the environment whose rewards trained it
     turn: int | None = None  # the loop turn that made it
     team: str | None = None  # whose traces trained it: only that team sees how
+    canary: dict | None = None  # its canary's decision and the figures behind it (feedback/canary.py)
 
 
 class RegistryError(ValueError):
     pass
+
+
+class CanaryRunning(RegistryError):
+    """An alias has one canary at a time."""
 
 
 class Registry:
@@ -132,3 +137,50 @@ class Registry:
         with self._edit() as data:
             if data["aliases"].get(alias):
                 data["aliases"][alias].pop()
+
+    def start_canary(self, alias: str, record: dict) -> None:
+        """Record a canary running on ``alias`` (feedback/canary.py); refused while one is."""
+        with self._edit() as data:
+            running = data.setdefault("canaries", {}).get(alias)
+            if running:
+                raise CanaryRunning(
+                    f"alias {alias!r} already has a canary running: {running['candidate']} since "
+                    f"{running['started']}; wait for its decision, or stop it (flywheel checkpoint canary --stop)"
+                )
+            if record["candidate"] not in data["checkpoints"]:
+                raise RegistryError(f"unknown checkpoint {record['candidate']!r}")
+            data["canaries"][alias] = record
+
+    def canaries(self) -> dict[str, dict]:
+        """The canaries running now, by alias."""
+        return self._read().get("canaries", {})
+
+    def finish_canary(self, alias: str, started: str, decision: dict) -> bool:
+        """Take the canary that started at ``started`` off ``alias`` and record its decision in the
+        lineage (on the candidate, and in the list of decisions). False if it was no longer
+        running: another controller decided first, and this one must not act."""
+        with self._edit() as data:
+            running = data.setdefault("canaries", {}).get(alias)
+            if not running or running["started"] != started:
+                return False
+            del data["canaries"][alias]
+            data.setdefault("decisions", []).append(decision)
+            data["checkpoints"][running["candidate"]]["canary"] = decision
+            return True
+
+    def restore_canary(self, alias: str, record: dict, decision: dict) -> None:
+        """Undo :meth:`finish_canary` when acting on its decision failed: still running."""
+        with self._edit() as data:
+            data.setdefault("canaries", {})[alias] = record
+            data["decisions"] = [d for d in data.get("decisions", []) if d != decision]
+            data["checkpoints"][record["candidate"]]["canary"] = None
+
+    def drop_canary(self, alias: str, started: str) -> None:
+        """Take off a canary that never served (its split could not be set): no decision."""
+        with self._edit() as data:
+            if data.get("canaries", {}).get(alias, {}).get("started") == started:
+                del data["canaries"][alias]
+
+    def decisions(self) -> list[dict]:
+        """Every canary decision, oldest first."""
+        return self._read().get("decisions", [])

@@ -38,6 +38,11 @@ class Algorithm:
     def training_sql(self, scope: str, env_id: str, run_id: str) -> str:
         raise NotImplementedError
 
+    def from_rows(self, rows: str) -> str:
+        """What it trains on among ``rows`` (a SELECT of whole trace rows with their ``reward``:
+        a production turn's, loop/production.py)."""
+        raise NotImplementedError
+
     def train(self, base: Path, rows: list[dict], out: Path, seed: int, init: str | None) -> dict:
         """Train from ``base`` (or the parent's ``init`` adapter or weights) into ``out``; the metrics."""
         raise NotImplementedError
@@ -50,6 +55,9 @@ class GRPO(Algorithm):
 
     def training_sql(self, scope: str, env_id: str, run_id: str) -> str:
         return _rewarded(scope) + f"t.env_id = {quote(env_id)}"
+
+    def from_rows(self, rows: str) -> str:
+        return rows  # every rewarded row; groups are the rows of one prompt
 
     def train(self, base: Path, rows: list[dict], out: Path, seed: int, init: str | None) -> dict:
         from feedback.grpo import GRPOConfig, train_grpo
@@ -74,6 +82,12 @@ class RejectionSampling(Algorithm):
         return (
             _rewarded(scope) + f"t.env_id LIKE {quote(run_id + '-t%')} AND r.reward >= {float(self.lc.solve_at)} "
             "QUALIFY row_number() OVER (PARTITION BY t.example_id ORDER BY t.trace_id) = 1"
+        )
+
+    def from_rows(self, rows: str) -> str:
+        return (
+            f"SELECT * FROM ({rows}) WHERE reward >= {float(self.lc.solve_at)} "
+            "QUALIFY row_number() OVER (PARTITION BY example_id ORDER BY trace_id) = 1"
         )
 
     def train(self, base: Path, rows: list[dict], out: Path, seed: int, init: str | None) -> dict:

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from feedback.canary import CanaryPolicy
+
 
 class LoopConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -31,3 +33,22 @@ class LoopConfig(BaseModel):
     solve_at: float = Field(1.0, description="an exact solve: reward at least this (the max)")
     seed: int = 0
     full: bool = Field(False, description="rs only: fine-tune every weight, reload in place")
+    from_traces: str | None = Field(
+        None,
+        description="train on production traffic, not rollouts: one SELECT over the team's views returning "
+        "trace_id and reward (loop/production.py); each turn takes those rows served by the serving "
+        "checkpoint since the last turn",
+    )
+    min_rows: int = Field(128, ge=1, description="--from-traces: rewarded rows a turn waits for before it trains")
+    wait_rows_s: float = Field(1800, gt=0, description="--from-traces: how long a turn waits for them")
+    deploy: Literal["direct", "canary"] | None = Field(
+        None,
+        description="how a turn's checkpoint is released: direct (the alias moves to it) or canary (a share of "
+        "the alias's sessions, promoted or rolled back on online reward); default canary with "
+        "--from-traces, else direct",
+    )
+    canary: CanaryPolicy = Field(default_factory=CanaryPolicy, description="deploy canary: the canary's policy")
+
+    @property
+    def release(self) -> str:
+        return self.deploy or ("canary" if self.from_traces else "direct")

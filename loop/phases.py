@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from loop.algorithms import NothingToLearn, algorithm_for
@@ -141,13 +142,58 @@ class Loop:
             "tokens": _tokens(self.store, self.scope, [env_id]),
         }
 
+    def _team_store(self):
+        """The team's sandbox of the store (as ``POST /v1/traces/query`` sees it), fresh: a
+        sandboxed store is fixed at its creation."""
+        from traces.store import TraceStore
+
+        return TraceStore(self.target.traces, team=self.team)
+
+    def _production(self, turn: int, serving: str) -> dict:
+        """Wait for ``min_rows`` rewarded rows of the team's query served by ``serving`` since the
+        last turn; the window they arrived in is this turn's."""
+        from loop.production import production_rows
+
+        previous = self.state.done(f"{turn - 1}.rollouts") if turn > 1 else None
+        since = previous["until"] if previous else self.state.data["started"]
+        deadline = time.monotonic() + self.lc.wait_rows_s
+        while True:
+            until = datetime.now(timezone.utc).isoformat()
+            sql = production_rows(self.lc.from_traces, serving, since, until)
+            found = self._team_store().sql(f"SELECT count(*) AS n, avg(reward) AS mean FROM ({sql})").to_pylist()[0]
+            if found["n"] >= self.lc.min_rows:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"turn {turn}: {found['n']} of {self.lc.min_rows} rewarded production rows served by "
+                    f"{serving} after {self.lc.wait_rows_s:.0f} s; is traffic reaching {self.alias!r}?"
+                )
+            time.sleep(2.0)
+        return {
+            "source": "production",
+            "n": found["n"],
+            "rewarded": found["n"],
+            "reward_mean": round(found["mean"], 4),
+            "served_by": serving,
+            "since": since,
+            "until": until,
+            "tokens": 0,
+        }
+
     def _export(self, turn: int, rollouts: dict) -> dict:
         from feedback.export import export
 
         out = self.home / "datasets" / f"{self.state.run_id}-t{turn}"
-        kind, sql = self.algo.export_kind, self.algo.training_sql(self.scope, rollouts["env_id"], self.state.run_id)
+        kind = self.algo.export_kind
+        if rollouts.get("source") == "production":
+            from loop.production import production_rows
+
+            rows = production_rows(self.lc.from_traces, rollouts["served_by"], rollouts["since"], rollouts["until"])
+            store, sql = self._team_store(), self.algo.from_rows(rows)
+        else:
+            store, sql = self.store, self.algo.training_sql(self.scope, rollouts["env_id"], self.state.run_id)
         try:
-            return export(self.store, kind, out, sql)
+            return export(store, kind, out, sql)
         except ValueError as exc:  # nothing solved yet: this turn trains nothing
             return {"kind": kind, "sql": sql, "rows": 0, "note": str(exc)}
 
@@ -191,8 +237,28 @@ class Loop:
         except RegistryError:
             if self.registry.get(trained["version"]).path != str(Path(trained["path"]).resolve()):
                 raise  # a resumed deploy finds its own registration; anything else is a clash
+        if self.lc.release == "canary":
+            return self._canary(parent, trained["version"])
         self.swap.deploy(self.alias, trained["version"])
         return {"version": trained["version"]}
+
+    def _controller(self):
+        from feedback.canary import CanaryController
+
+        return CanaryController(self.swap, self.registry, self.store)
+
+    def _canary(self, parent: str, version: str) -> dict:
+        """Release ``version`` as a canary and wait for its decision (a resumed run picks up the
+        canary it started, or the decision made meanwhile); the version serving afterwards."""
+        decided = self.registry.get(version).canary
+        if decided is None:
+            controller = self._controller()
+            if self.registry.canaries().get(self.alias, {}).get("candidate") != version:
+                controller.start(self.alias, version, self.lc.canary.model_copy(update={"team": self.team}))
+            decision = controller.watch(self.alias, on_look=self.report.canary)
+            decided = {"action": decision.action, "reason": decision.reason, "figures": decision.figures}
+        promoted = decided["action"] == "promote"
+        return {"version": version if promoted else parent, "candidate": version, "canary": decided}
 
     def _base(self) -> tuple[Path, str]:
         """The warmed base checkpoint the CLI handed over, registered as a full checkpoint."""
@@ -214,6 +280,7 @@ class Loop:
         lc, state = self.lc, self.state
         warm, base_version = self._base()
         state.data.update(warm_path=str(warm), base_version=base_version)
+        state.data.setdefault("started", datetime.now(timezone.utc).isoformat())  # production rows count from here
         current = base_version
         for turn in range(1, lc.turns + 1):  # a resume serves what the last completed deploy did
             deployed = state.done(f"{turn}.deploy")
@@ -221,19 +288,22 @@ class Loop:
         self.swap.deploy(self.alias, base_version)  # the warmed weights, reloaded in place
         if current != base_version:
             self.swap.deploy(self.alias, current)
+        self._controller().reapply(self.alias)  # a canary this run had started holds its share again
         turns = [{"turn": 0, "version": base_version, "eval": self._phase("0.eval", lambda: self._eval(0))}]
         self.report.turn(turns[-1])
         parent = base_version
         for t in range(1, lc.turns + 1):
-            roll = self._phase(f"{t}.rollouts", lambda: self._rollouts(t))
+            gather = (lambda: self._production(t, parent)) if lc.from_traces else (lambda: self._rollouts(t))
+            roll = self._phase(f"{t}.rollouts", gather)
             manifest = self._phase(f"{t}.export", lambda: self._export(t, roll))
             trained = self._phase(f"{t}.train", lambda: self._train(t, parent, warm, manifest))
-            self._phase(f"{t}.deploy", lambda: self._deploy(t, parent, trained))
+            released = self._phase(f"{t}.deploy", lambda: self._deploy(t, parent, trained))
             ev = self._phase(f"{t}.eval", lambda: self._eval(t))
-            parent = trained["version"]
+            parent = released["version"]  # a candidate rolled back: the next turn trains from what serves
             seconds = {p: state.done(f"{t}.{p}")["seconds"] for p in PHASES}
             turns.append(
                 {"turn": t, "version": parent, "eval": ev, "rollouts": roll, "train": trained["metrics"], "seconds": seconds}
+                | ({"canary": released["canary"], "candidate": released["candidate"]} if "canary" in released else {})
             )
             self.report.turn(turns[-1])
         return turns

@@ -45,14 +45,29 @@ class Reporter:
         )
         if t["turn"]:
             gap = t["train"].get("off_policy_gap")
+            what = "production traces" if t["rollouts"].get("source") == "production" else "rollouts"
             line += (
-                f"; {t['rollouts']['n']} rollouts (reward {t['rollouts']['reward_mean']:.3f}), "
+                f"; {t['rollouts']['n']} {what} (reward {t['rollouts']['reward_mean']:.3f}), "
                 f"{t['rollouts']['tokens'] + ev['tokens']} tokens"
                 + (f", off-policy gap {gap:.4f} nats/token" if gap is not None else "")
             )
+        if "canary" in t:
+            c = t["canary"]
+            verb = "promoted" if c["action"] == "promote" else "rolled back"
+            line += f"; canary {t['candidate']} {verb}: {c['reason']}"
         self.console.print(line)
         for example_id, reply, reward in ev["examples"]:
             self.console.print(f"  {example_id}: {reply!r} -> {reward:.2f}")
+
+    def canary(self, decision) -> None:
+        """One look of a turn's canary controller."""
+        f = decision.figures
+        seen = ", ".join(
+            f"{arm} {f[arm]['rewarded']} rewarded (mean {f[arm]['mean']:.3f})"
+            for arm in ("baseline", "candidate")
+            if f.get(arm) and f[arm]["mean"] is not None
+        )
+        self.console.print(f"  canary: {decision.action}: {decision.reason}" + (f" [{seen}]" if seen else ""))
 
     def final(self, result: dict) -> None:
         table = Table(title=f"loop {result['run_id']}: {result['env']} ({result['algo']})")

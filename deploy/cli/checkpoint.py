@@ -1,4 +1,4 @@
-"""`flywheel checkpoint`: register, list, deploy, rollback."""
+"""`flywheel checkpoint`: register, list, deploy, split, canary, rollback."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.table import Table
 from deploy.cli.common import ProfileOpt, SetOpt, _config, console
 from deploy.stack.config import StackConfig
 
-ckpt_app = typer.Typer(no_args_is_help=True, help="Checkpoints: register, list, deploy, rollback.")
+ckpt_app = typer.Typer(no_args_is_help=True, help="Checkpoints: register, list, deploy, split, canary, rollback.")
 
 
 def _swap(cfg: StackConfig):
@@ -154,6 +154,86 @@ def ckpt_split(
         console.print(f"[red]split failed:[/] {exc}")
         raise typer.Exit(1)
     console.print(f"{name} -> " + ", ".join(f"{v} {w:.0%}" for v, w in weights.items()))
+
+
+def _canary_line(version: str, decision) -> str:
+    f = decision.figures
+    if decision.action == "wait":
+        return f"canary {version}: waiting ({decision.reason})"
+    verb = "promoted" if decision.action == "promote" else "rolled back"
+    seen = ""
+    if f.get("candidate"):
+        seen = f"; rewarded baseline {f['baseline']['rewarded']}, candidate {f['candidate']['rewarded']}"
+    return f"canary {version}: {verb}: {decision.reason}{seen}"
+
+
+@ckpt_app.command("canary")
+def ckpt_canary(
+    version: Optional[str] = typer.Argument(None, help="the registered checkpoint to release"),
+    alias: Optional[str] = typer.Option(None),
+    share: Optional[float] = typer.Option(None, help="the candidate's share of sessions [0.1]"),
+    shadow: bool = typer.Option(False, "--shadow", help="a copy of its share of requests, answered to no client"),
+    metric: Optional[str] = typer.Option(None, help="the feedback name compared [reward]"),
+    min_samples: Optional[int] = typer.Option(None, help="rewarded traces per arm before a reward decision [100]"),
+    max_regression: Optional[float] = typer.Option(None, help="how much lower its mean reward may be [0.02]"),
+    confidence: Optional[float] = typer.Option(None, help="of the one-sided bound [0.95]"),
+    max_hours: Optional[float] = typer.Option(None, help="undecided this long: rolled back [24]"),
+    interval_s: Optional[float] = typer.Option(None, help="seconds between looks [30]"),
+    resume: bool = typer.Option(False, "--resume", help="watch the canary running on the alias until it decides"),
+    stop: bool = typer.Option(False, "--stop", help="roll the running canary back now"),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="watch until the decision (the canary holds its share meanwhile)"),
+    profile: str = ProfileOpt,
+    set_: Optional[list[str]] = SetOpt,
+):
+    """Release a checkpoint as a canary: a share of the alias's sessions, promoted to all of them or
+    rolled back by itself on the arms' online reward (feedback joined to traces), error rate and
+    TTFT. The decision and its figures go in the registry's lineage and on /ui/checkpoints."""
+    from pydantic import ValidationError
+
+    from feedback.canary import CanaryController, CanaryError, CanaryPolicy
+    from feedback.hotswap import HotSwapError
+    from feedback.registry import RegistryError
+    from traces.store import TraceStore
+
+    if (version is None) == (resume or stop):
+        console.print("[red]give a VERSION to start a canary, or --resume / --stop (no VERSION) for the one running[/]")
+        raise typer.Exit(2)
+    flags = dict(
+        share=share,
+        metric=metric,
+        min_samples=min_samples,
+        max_regression=max_regression,
+        confidence=confidence,
+        max_hours=max_hours,
+        interval_s=interval_s,
+    )
+    try:
+        policy = CanaryPolicy.model_validate({k: v for k, v in flags.items() if v is not None} | {"shadow": shadow})
+    except ValidationError as exc:
+        bad = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors())
+        console.print(f"[red]{bad}[/]")
+        raise typer.Exit(2)
+    cfg = _config(profile, set_)
+    registry, swap = _swap(cfg)
+    name = alias or cfg.worker.served_model_name
+    controller = CanaryController(swap, registry, TraceStore(cfg.traces_path))
+    try:
+        if stop:
+            running = registry.canaries().get(name, {}).get("candidate")
+            console.print(_canary_line(running, controller.stop(name)))
+            return
+        if version is not None:
+            record = controller.start(name, version, policy)
+            mode = "a shadow copy of" if policy.shadow else "serving"
+            console.print(f"canary {version} on {name}: {mode} {policy.share:.0%} of sessions beside {record['baseline']}")
+            if not wait:
+                return
+        running = registry.canaries().get(name, {}).get("candidate") or version
+        decision = controller.watch(name, on_look=lambda d: console.print(_canary_line(running, d)))
+    except (CanaryError, HotSwapError, RegistryError) as exc:
+        console.print(f"[red]canary failed:[/] {exc}")
+        raise typer.Exit(1)
+    raise typer.Exit(0 if decision.action == "promote" else 3)
 
 
 @ckpt_app.command("rollback")

@@ -135,6 +135,20 @@ def run_demo(
     return result
 
 
+def _check_from_traces(cfg: StackConfig, query: str) -> None:
+    """A query that is not one SELECT of a team's views, or lacks its columns: one line, and no
+    run is started."""
+    from loop.production import check_query
+    from traces.guard import QueryRefused
+    from traces.store import TraceStore
+
+    try:  # any team's sandbox has the views and columns a team's query sees
+        check_query(TraceStore(cfg.traces_path, team="demo"), query)
+    except QueryRefused as exc:
+        console.print(f"[red]--from-traces:[/] {exc}")
+        sys.exit(2)
+
+
 def _with(lc: LoopConfig, **flags) -> LoopConfig:
     """``lc`` with the flags that were given (not None), validated as the config is."""
     return LoopConfig.model_validate({**lc.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
@@ -171,6 +185,15 @@ def loop(
     steps: Optional[int] = typer.Option(None, help="optimiser steps per turn [loop.steps]"),
     solve_at: Optional[float] = typer.Option(None, help="reward that counts as an exact solve [loop.solve_at]"),
     seed: Optional[int] = typer.Option(None, help="[loop.seed]"),
+    from_traces: Optional[str] = typer.Option(
+        None,
+        help="train on production traffic instead of rollouts: a SELECT over your team's views returning "
+        "trace_id and reward, e.g. \"SELECT trace_id, reward FROM rewards WHERE name = 'reward'\" [loop.from_traces]",
+    ),
+    min_rows: Optional[int] = typer.Option(None, help="--from-traces: rewarded rows a turn waits for [loop.min_rows]"),
+    deploy: Optional[str] = typer.Option(
+        None, help="direct (the alias moves) or canary (loop.canary.*: share, min_samples...) [loop.deploy]"
+    ),
     resume: Optional[str] = typer.Option(None, help="a run id (or 'last') to resume from its last completed phase"),
     keep_up: bool = typer.Option(False, help="leave a stack this command started running"),
     as_json: bool = typer.Option(False, "--json", help="print the result as one JSON document"),
@@ -204,11 +227,16 @@ def loop(
                 steps=steps,
                 solve_at=solve_at,
                 seed=seed,
+                from_traces=from_traces,
+                min_rows=min_rows,
+                deploy=deploy,
             )
         )
     except ValidationError as exc:
         bad = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors())
         raise typer.BadParameter(bad) from None
+    if lc and lc.from_traces:
+        _check_from_traces(cfg, lc.from_traces)
     try:
         result = run_loop(cfg, lc, resume=resume, keep_up=keep_up, as_json=as_json)
     except (FileNotFoundError, ImportError, NotEnoughTasks) as exc:  # say so, no traceback

@@ -130,7 +130,7 @@ def _for_team(registered: dict[str, dict], served: set[str], team: str) -> dict[
             keep.add(version)
             version = registered[version].get("parent")
     return {
-        v: c if c.get("team") == team else {**c, "dataset": None, "env": None, "path": "", "metrics": {}}
+        v: c if c.get("team") == team else {**c, "dataset": None, "env": None, "path": "", "metrics": {}, "canary": None}
         for v, c in registered.items()
         if v in keep
     }
@@ -146,6 +146,7 @@ def _unregistered(version: str, kind: str, parent: str | None) -> dict:
         "env": None,
         "created": "",
         "path": "",
+        "canary": None,
     }
 
 
