@@ -213,7 +213,7 @@ class TraceStore:
         (open a new store). ``params`` fill the query's ``$1``, ``$2``... placeholders."""
         try:
             return self._fetch(query, limit, params)
-        except duckdb.IOException as exc:
+        except _READ_FAILED as exc:
             if not _file_gone(exc):
                 raise
             if getattr(self, "_locked", False):
@@ -232,7 +232,7 @@ class TraceStore:
             return [], iter(())
         try:
             reader = rel.to_arrow_reader(rows_per_batch)
-        except duckdb.IOException as exc:
+        except _READ_FAILED as exc:
             raise (SnapshotGone(str(exc)) if _file_gone(exc) else exc) from None
         return list(reader.schema.names), _snapshot_batches(reader)
 
@@ -303,7 +303,7 @@ def _team_dataset(root: Path, files: list[Path], schema: pa.Schema, team: str, h
 def _snapshot_batches(reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
     try:
         yield from reader
-    except duckdb.IOException as exc:
+    except _READ_FAILED as exc:
         raise (SnapshotGone(str(exc)) if _file_gone(exc) else exc) from None
 
 
@@ -311,7 +311,12 @@ class SnapshotGone(RuntimeError):
     """A file of a sandboxed store's snapshot was removed by housekeeping; open a new store."""
 
 
-def _file_gone(exc: duckdb.IOException) -> bool:
+# a file DuckDB reads itself fails as an IOException; one a registered Arrow dataset reads (a
+# team's feedback) as an InvalidInputException around the same IOError
+_READ_FAILED = (duckdb.IOException, duckdb.InvalidInputException)
+
+
+def _file_gone(exc: duckdb.Error) -> bool:
     text = str(exc)
     return "No such file" in text or "No files found" in text or "Cannot open file" in text
 

@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
 import pyarrow.parquet as pq
+import pytest
 
 from traces import feedback
 from traces.housekeeping import compact, feedback_partitions
@@ -82,3 +83,21 @@ def test_compaction_between_a_half_failed_conversion_and_its_retry_stores_no_row
     writer.close()
     counts = TraceStore(tmp_path).sql("SELECT trace_id, count(*) AS n FROM traces GROUP BY ALL").to_pylist()
     assert {r["trace_id"]: r["n"] for r in counts} == {**{f"old-{i}": 1 for i in range(5)}, **{f"half-{i}": 1 for i in range(4)}}
+
+
+def test_a_teams_snapshot_whose_feedback_files_were_compacted_away_says_so_and_a_new_one_reads_them(tmp_path):
+    """Housekeeping merges a day's feedback files while a team's sandboxed store still holds the old
+    ones: the query says SnapshotGone (the gateway and the loop open a new store), never a 500."""
+    from traces.housekeeping import compact_feedback
+    from traces.store import SnapshotGone
+
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    writer.write({"trace_id": "t1", "team": "red", "http_status": 200, "prompt_token_ids": [1], "completion_token_ids": [2]})
+    writer.close()
+    for reward in (0.0, 1.0):
+        feedback.write_feedback(tmp_path, [{"trace_id": "t1", "team": "red", "name": "reward", "reward": reward}])
+    old = TraceStore(tmp_path, team="red")
+    assert compact_feedback(tmp_path)["files_in"] == 2
+    with pytest.raises(SnapshotGone):
+        old.sql("SELECT reward FROM rewards")
+    assert TraceStore(tmp_path, team="red").sql("SELECT reward FROM rewards").column("reward").to_pylist() == [1.0]
