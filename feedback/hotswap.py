@@ -73,7 +73,9 @@ class HotSwap:
             return self.base_model_name
         ckpt = self.registry.get(version)
         if ckpt.kind == "full":
-            self._reload(ckpt.path, version)
+            # loaded already: no reload, whose pause would refuse the adapters' requests meanwhile
+            if self._weights_now(alias) != ckpt.path:
+                self._reload(ckpt.path, version)
             return self.base_model_name
         name = self.upstream_name(alias, version)
         self._post(
@@ -90,14 +92,18 @@ class HotSwap:
         (serve/split.py): adapters, or ``base``, all over the weights the deployment has loaded;
         each is loaded first, then the split is set in one PUT. A version in ``shadow`` gets a
         copy of its share and answers no client. Not recorded as a promotion."""
-        for version in weights:
-            if version != BASE and self.registry.get(version).kind == "full":
+        loaded = self._weights_now(alias)
+        fulls = [v for v in weights if v != BASE and self.registry.get(v).kind == "full"]
+        for version in fulls:  # an arm on full weights: only on the ones loaded now, which no arm may reload
+            if self.registry.get(version).path != loaded or BASE in weights or len(fulls) > 1:
                 raise HotSwapError(
-                    f"{version} is a full checkpoint: reloading it would change every arm; deploy it "
-                    "dedicated (flywheel deployments create) and split to that instead"
+                    f"{version} is a full checkpoint the deployment has not loaded alone: reloading it "
+                    "would change every arm; deploy it dedicated (flywheel deployments create) and split "
+                    "to that instead"
                 )
         for version in weights:
-            self.load(alias, version)
+            if version not in fulls:
+                self.load(alias, version)
         arms = [{"route": self._route(alias, v), "weight": w, "name": v, "shadow": v in shadow} for v, w in weights.items()]
         self._post(f"/admin/models/{alias}", {"routes": arms}, method="PUT")
 

@@ -109,7 +109,7 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     app.hot_path = HotPath(partial(completions.complete, gw), config.max_body_bytes)
     app.cross_site = CrossSite(config)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
-    app.state.parts, app.state.full_weights = gw, FullWeights(config, gw.routes)
+    app.state.parts, app.state.full_weights = gw, FullWeights(config, gw.routes, gw.forwarder.reload_gate)
     install_error_handlers(app)
     install_openapi(app)
     for router in ROUTERS:

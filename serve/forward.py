@@ -31,6 +31,7 @@ from serve.deployments import Deployments
 from serve.errors import APIError, CapacityExceeded, model_not_found
 from serve.metrics import Metrics
 from serve.outcome import Outcome
+from serve.reload_gate import ReloadGate
 from serve.relay import read_unary, relay
 from serve.send import send
 from serve.settle import Settler
@@ -69,6 +70,7 @@ class Forwarder:
     ):
         self.config, self.routes, self.admission, self.metrics = config, routes, admission, metrics
         self.deployments = deployments  # dedicated ones: a request for one scaled to zero wakes it
+        self.reload_gate = ReloadGate()  # serve/weights.py closes it while it reloads a deployment
         self.chooser = Chooser(breakers, affinity)
         self.settler = Settler(writer, admission, breakers, metrics, config.admission.lease_ttl_s / 3)
         self.bounds = Bounds(config.tools.max_string_length, config.tools.max_array_items)
@@ -239,6 +241,7 @@ class Forwarder:
         its trace is durable."""
         dep, capture, ctx = attempt.deployment.name, attempt.capture, attempt.ctx
         self.settler.keep_alive(attempt)  # a unary answer may take longer than the lease's TTL
+        await self.reload_gate.passage(dep)
         upstream = await send(self.pool, attempt, self.config.first_token_timeout_s)
         self.metrics.upstream_first_byte(dep, time.monotonic() - capture.sent_mono)
         if attempt.stream:

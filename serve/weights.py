@@ -27,6 +27,7 @@ from serve.config import Deployment, GatewayConfig, ModelRoute
 from serve.errors import APIError
 from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
+from serve.reload_gate import ReloadGate
 from serve.workers import WorkerResult, call_workers, on_workers, parse_body, pick_deployment
 
 PAUSE, RESUME = "/engine/pause_generation", "/engine/resume_generation"
@@ -76,8 +77,8 @@ def checkpoint_shape(weight_dir: str | Path) -> dict:
 class FullWeights:
     """Pause state and the weights each deployment serves, for this gateway replica."""
 
-    def __init__(self, config: GatewayConfig, routes: MutableMapping[str, ModelRoute]):
-        self.config, self.routes = config, routes
+    def __init__(self, config: GatewayConfig, routes: MutableMapping[str, ModelRoute], gate: ReloadGate):
+        self.config, self.routes, self.gate = config, routes, gate
         self.paused_by_client: set[str] = set()
         self.locks: dict[str, asyncio.Lock] = {}
 
@@ -105,17 +106,23 @@ class FullWeights:
                         param="weight_dir",
                     )
             resume = dep.name not in self.paused_by_client  # else the client resumes when it is ready
-            try:
-                await on_workers(http, dep, "POST", PAUSE, {"mode": "keep", "clear_cache": False})
-                results = await call_workers(
-                    http, dep, "POST", UPDATE, {"model_path": weight_dir, "weight_version": version}, timeout_s=RELOAD_TIMEOUT_S
-                )
-                if not all(r.ok for r in results):
-                    await self._roll_back(http, dep, results, previous_dir, previous_version)
-                self._record(dep, weight_dir, version)  # before resuming: no new row names the old version
-            finally:
-                if resume:
-                    await on_workers(http, dep, "POST", RESUME, {})
+            async with self.gate.closed(dep.name):  # this replica sends it nothing until the reload ends
+                try:
+                    await on_workers(http, dep, "POST", PAUSE, {"mode": "keep", "clear_cache": False})
+                    results = await call_workers(
+                        http,
+                        dep,
+                        "POST",
+                        UPDATE,
+                        {"model_path": weight_dir, "weight_version": version},
+                        timeout_s=RELOAD_TIMEOUT_S,
+                    )
+                    if not all(r.ok for r in results):
+                        await self._roll_back(http, dep, results, previous_dir, previous_version)
+                    self._record(dep, weight_dir, version)  # before resuming: no new row names the old version
+                finally:
+                    if resume:
+                        await on_workers(http, dep, "POST", RESUME, {})
             return results
 
     async def _roll_back(

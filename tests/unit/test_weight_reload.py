@@ -11,6 +11,7 @@ import pytest
 
 from serve.config import Deployment, GatewayConfig, ModelRoute
 from serve.errors import APIError
+from serve.reload_gate import ReloadGate
 from serve.weights import PAUSE, RESUME, UPDATE, FullWeights
 
 
@@ -30,7 +31,7 @@ def deployment(tmp_path):
         "tiny": ModelRoute(deployment="d", upstream_model="tiny"),
         "tiny-lora": ModelRoute(deployment="d", upstream_model="a", lora_path=str(tmp_path)),
     }
-    return dep, routes, FullWeights(config, routes), base, new
+    return dep, routes, FullWeights(config, routes, ReloadGate()), base, new
 
 
 def run(weights, dep, new, broken: set[str], calls: list):
@@ -91,3 +92,32 @@ def test_weights_of_another_shape_are_refused_before_any_worker_pauses(deploymen
         run(weights, dep, checkpoint(tmp_path / "deeper", layers=8), broken=set(), calls=calls)
     assert refused.value.status == 400 and "num_hidden_layers" in refused.value.message
     assert calls == []
+
+
+def test_this_gateway_sends_a_reloading_deployment_nothing_until_it_has_resumed(deployment):
+    """Dynamo refuses an adapter's request that reaches a paused engine (a 500): requests are held
+    at the gateway's gate from the pause until the resume, and then go."""
+    dep, routes, weights, base, new = deployment
+    order = []
+
+    async def go():
+        reloading = asyncio.Event()
+
+        async def answer(request: httpx.Request) -> httpx.Response:
+            order.append(request.url.path)
+            if request.url.path == UPDATE:
+                reloading.set()
+                await asyncio.sleep(0.2)  # the reload takes a while; the request arrives meanwhile
+            return httpx.Response(200, json={"status": "ok"})
+
+        async def request_arriving_mid_reload():
+            await reloading.wait()
+            await weights.gate.passage("d")
+            order.append("request sent")
+            await weights.gate.passage("other")  # another deployment's gate is open
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            await asyncio.gather(weights.reload(http, dep, new, "step_9"), request_arriving_mid_reload())
+
+    asyncio.run(go())
+    assert order.index("request sent") > max(i for i, p in enumerate(order) if p == RESUME), order

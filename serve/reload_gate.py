@@ -1,0 +1,41 @@
+"""Requests held at the gateway while their deployment reloads its weights in place.
+
+A reload (serve/weights.py) pauses the deployment's engines. A base-weight request that
+arrives then waits inside the paused engine, but Dynamo's vLLM handler refuses an adapter's
+request outright ("Cannot admit LoRA request ... while generation is paused", a 500): measured
+in the loop on production traffic, one request of ~3,000 failed that way in an 80 ms reload. So
+this gateway sends nothing to a deployment it is reloading until the reload has ended. Per
+gateway replica: a reload through another replica is not seen here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+
+
+class ReloadGate:
+    def __init__(self):
+        self._open: dict[str, asyncio.Event] = {}
+
+    def _event(self, deployment: str) -> asyncio.Event:
+        if deployment not in self._open:
+            self._open[deployment] = asyncio.Event()
+            self._open[deployment].set()
+        return self._open[deployment]
+
+    @asynccontextmanager
+    async def closed(self, deployment: str):
+        """Hold ``deployment``'s new requests while the block runs."""
+        gate = self._event(deployment)
+        gate.clear()
+        try:
+            yield
+        finally:
+            gate.set()
+
+    async def passage(self, deployment: str) -> None:
+        """Return once ``deployment`` is not being reloaded (at once, nearly always)."""
+        gate = self._open.get(deployment)
+        if gate is not None and not gate.is_set():
+            await gate.wait()
