@@ -41,11 +41,12 @@ class LoopConfig(BaseModel):
     )
     min_rows: int = Field(128, ge=1, description="--from-traces: rewarded rows a turn waits for before it trains")
     wait_rows_s: float = Field(1800, gt=0, description="--from-traces: how long a turn waits for them")
-    deploy: Literal["direct", "canary"] | None = Field(
+    deploy: Literal["direct", "canary", "dedicated"] | None = Field(
         None,
-        description="how a turn's checkpoint is released: direct (the alias moves to it) or canary (a share of "
-        "the alias's sessions, promoted or rolled back on online reward); default canary with "
-        "--from-traces, else direct",
+        description="how a turn's checkpoint is released: direct (the alias moves to it), canary (a share of "
+        "the alias's sessions, promoted or rolled back on online reward) or dedicated (a deployment of "
+        "its own for the loop's team, which the loop's rollouts and evals then use); default canary "
+        "with --from-traces, else direct",
     )
     canary: CanaryPolicy = Field(default_factory=CanaryPolicy, description="deploy canary: the canary's policy")
 

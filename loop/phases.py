@@ -19,6 +19,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import httpx
+
 from loop.algorithms import NothingToLearn, algorithm_for
 from loop.report import Reporter
 from loop.scope import run_scope
@@ -86,6 +88,12 @@ class Loop:
         self.registry = Registry(target.registry)
         self.swap = HotSwap(self.url, target.admin_key, self.registry, target.deployment, self.alias, target.base_model)
 
+    @property
+    def model(self) -> str:
+        """What the loop's rollouts and evals ask for: the alias, or the dedicated deployment of
+        the last checkpoint released that way."""
+        return self.state.data.get("dedicated", {}).get("served_model", self.alias)
+
     def _phase(self, name: str, fn) -> dict:
         """Run ``fn`` unless the state already has its result; record the result with its time."""
         done = self.state.done(name)
@@ -105,7 +113,7 @@ class Loop:
             self.lc.env,
             self.url,
             self.key,
-            self.alias,
+            self.model,
             n=n,
             rollouts=samples,
             max_tokens=self.lc.max_tokens,
@@ -142,12 +150,17 @@ class Loop:
             "tokens": _tokens(self.store, self.scope, [env_id]),
         }
 
-    def _team_store(self):
-        """The team's sandbox of the store (as ``POST /v1/traces/query`` sees it), fresh: a
-        sandboxed store is fixed at its creation."""
-        from traces.store import TraceStore
+    def _as_team(self, read):
+        """``read(store)`` on a fresh sandbox of the team's (the store as ``POST /v1/traces/query``
+        sees it); again on a newer one if housekeeping removed a file of the first."""
+        from traces.store import SnapshotGone, TraceStore
 
-        return TraceStore(self.target.traces, team=self.team)
+        for attempt in range(3):
+            try:
+                return read(TraceStore(self.target.traces, team=self.team))
+            except SnapshotGone:
+                if attempt == 2:
+                    raise
 
     def _production(self, turn: int, serving: str) -> dict:
         """Wait for ``min_rows`` rewarded rows of the team's query served by ``serving`` since the
@@ -156,13 +169,17 @@ class Loop:
 
         previous = self.state.done(f"{turn - 1}.rollouts") if turn > 1 else None
         since = previous["until"] if previous else self.state.data["started"]
-        deadline = time.monotonic() + self.lc.wait_rows_s
+        deadline, shown = time.monotonic() + self.lc.wait_rows_s, 0.0
         while True:
             until = datetime.now(timezone.utc).isoformat()
             sql = production_rows(self.lc.from_traces, serving, since, until)
-            found = self._team_store().sql(f"SELECT count(*) AS n, avg(reward) AS mean FROM ({sql})").to_pylist()[0]
+            count = f"SELECT count(*) AS n, avg(reward) AS mean FROM ({sql})"
+            found = self._as_team(lambda store: store.sql(count).to_pylist()[0])
             if found["n"] >= self.lc.min_rows:
                 break
+            if time.monotonic() - shown > 15:
+                self.report.console.print(f"  {found['n']}/{self.lc.min_rows} rewarded production rows served by {serving}")
+                shown = time.monotonic()
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"turn {turn}: {found['n']} of {self.lc.min_rows} rewarded production rows served by "
@@ -185,15 +202,18 @@ class Loop:
 
         out = self.home / "datasets" / f"{self.state.run_id}-t{turn}"
         kind = self.algo.export_kind
-        if rollouts.get("source") == "production":
+        production = rollouts.get("source") == "production"
+        if production:
             from loop.production import production_rows
 
             rows = production_rows(self.lc.from_traces, rollouts["served_by"], rollouts["since"], rollouts["until"])
-            store, sql = self._team_store(), self.algo.from_rows(rows)
+            sql = self.algo.from_rows(rows)
         else:
-            store, sql = self.store, self.algo.training_sql(self.scope, rollouts["env_id"], self.state.run_id)
+            sql = self.algo.training_sql(self.scope, rollouts["env_id"], self.state.run_id)
         try:
-            return export(store, kind, out, sql)
+            if production:  # in the team's sandbox: its query can name no other team's rows
+                return self._as_team(lambda store: export(store, kind, out, sql))
+            return export(self.store, kind, out, sql)
         except ValueError as exc:  # nothing solved yet: this turn trains nothing
             return {"kind": kind, "sql": sql, "rows": 0, "note": str(exc)}
 
@@ -239,8 +259,39 @@ class Loop:
                 raise  # a resumed deploy finds its own registration; anything else is a clash
         if self.lc.release == "canary":
             return self._canary(parent, trained["version"])
+        if self.lc.release == "dedicated":
+            return self._dedicated(turn, trained["version"])
         self.swap.deploy(self.alias, trained["version"])
         return {"version": trained["version"]}
+
+    def _admin(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.target.admin_key}"}
+        return httpx.request(method, f"{self.url}{path}", json=body, headers=headers, timeout=60)
+
+    def _dedicated(self, turn: int, version: str) -> dict:
+        """Release ``version`` on a deployment of its own for the loop's team (the alias stays
+        where it is); the loop's later rollouts and evals go to it, and the one the previous turn
+        released is deleted once this one runs."""
+        name = f"{self.state.run_id}-t{turn}"
+        found = self._admin("GET", "/v1/deployments").json()["data"]
+        dep = next((d for d in found if d["name"] == name and d["team"] == self.team), None)  # a resumed release
+        if dep is None:
+            r = self._admin("POST", "/v1/deployments", {"model": version, "name": name, "team": self.team, "replicas": 1})
+            if r.status_code != 202:
+                raise RuntimeError(f"dedicated deployment of {version}: HTTP {r.status_code} {r.text[:300]}")
+            dep = r.json()
+        deadline = time.monotonic() + 900
+        while dep["status"] != "RUNNING":
+            if dep["status"] in ("FAILED", "STOPPED") or time.monotonic() > deadline:
+                raise RuntimeError(f"dedicated deployment {dep['id']} of {version}: {dep['status']} {dep.get('reason') or ''}")
+            time.sleep(1.0)
+            dep = self._admin("GET", f"/v1/deployments/{dep['id']}").json()
+        previous = self.state.data.get("dedicated")
+        self.state.data["dedicated"] = {"id": dep["id"], "served_model": dep["served_model"]}
+        self.state.save()
+        if previous and previous["id"] != dep["id"]:
+            self._admin("DELETE", f"/v1/deployments/{previous['id']}")
+        return {"version": version, "deployment": dep["id"], "served_model": dep["served_model"]}
 
     def _controller(self):
         from feedback.canary import CanaryController
@@ -286,7 +337,7 @@ class Loop:
             deployed = state.done(f"{turn}.deploy")
             current = deployed["version"] if deployed else current
         self.swap.deploy(self.alias, base_version)  # the warmed weights, reloaded in place
-        if current != base_version:
+        if current != base_version and lc.release != "dedicated":
             self.swap.deploy(self.alias, current)
         self._controller().reapply(self.alias)  # a canary this run had started holds its share again
         turns = [{"turn": 0, "version": base_version, "eval": self._phase("0.eval", lambda: self._eval(0))}]

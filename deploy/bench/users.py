@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from envs.vf_run import play, post_feedback, reward_feedback
 
@@ -24,7 +24,7 @@ class UsersCount:
     failed: int = 0  # episodes whose requests did not all succeed
     rewards_posted: int = 0  # episodes whose reward was posted
     rewards_withheld: int = 0  # episodes whose user never said
-    rewards: list[float] = field(default_factory=list)  # every episode's own reward, posted or not
+    reward_sum: float = 0.0  # of every episode's own reward, posted or not
 
 
 class TasksetUsers:
@@ -92,7 +92,7 @@ class TasksetUsers:
         self.count.batches += 1
         self.count.episodes += len(results)
         self.count.failed += sum(not r.ok for r in results)
-        self.count.rewards += [r.reward for r in results]
+        self.count.reward_sum += sum(r.reward for r in results)
         for episode in reward_feedback(self.url, self.key, results, f"user:{env_id}"):
             if self._rng.random() < self.missing:
                 self.count.rewards_withheld += 1

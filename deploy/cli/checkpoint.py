@@ -167,18 +167,26 @@ def _canary_line(version: str, decision) -> str:
     return f"canary {version}: {verb}: {decision.reason}{seen}"
 
 
+def _policy(knob: str) -> str:
+    """A canary flag's help, from the policy's own field (its defaults live there alone)."""
+    from feedback.canary import CanaryPolicy
+
+    field = CanaryPolicy.model_fields[knob]
+    return f"{field.description} (default {field.default})"
+
+
 @ckpt_app.command("canary")
 def ckpt_canary(
     version: Optional[str] = typer.Argument(None, help="the registered checkpoint to release"),
     alias: Optional[str] = typer.Option(None),
-    share: Optional[float] = typer.Option(None, help="the candidate's share of sessions [0.1]"),
-    shadow: bool = typer.Option(False, "--shadow", help="a copy of its share of requests, answered to no client"),
-    metric: Optional[str] = typer.Option(None, help="the feedback name compared [reward]"),
-    min_samples: Optional[int] = typer.Option(None, help="rewarded traces per arm before a reward decision [100]"),
-    max_regression: Optional[float] = typer.Option(None, help="how much lower its mean reward may be [0.02]"),
-    confidence: Optional[float] = typer.Option(None, help="of the one-sided bound [0.95]"),
-    max_hours: Optional[float] = typer.Option(None, help="undecided this long: rolled back [24]"),
-    interval_s: Optional[float] = typer.Option(None, help="seconds between looks [30]"),
+    share: Optional[float] = typer.Option(None, help=_policy("share")),
+    shadow: bool = typer.Option(False, "--shadow", help=_policy("shadow")),
+    metric: Optional[str] = typer.Option(None, help=_policy("metric")),
+    min_samples: Optional[int] = typer.Option(None, help=_policy("min_samples")),
+    max_regression: Optional[float] = typer.Option(None, help=_policy("max_regression")),
+    confidence: Optional[float] = typer.Option(None, help=_policy("confidence")),
+    max_hours: Optional[float] = typer.Option(None, help=_policy("max_hours")),
+    interval_s: Optional[float] = typer.Option(None, help=_policy("interval_s")),
     resume: bool = typer.Option(False, "--resume", help="watch the canary running on the alias until it decides"),
     stop: bool = typer.Option(False, "--stop", help="roll the running canary back now"),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="watch until the decision (the canary holds its share meanwhile)"),

@@ -192,7 +192,9 @@ def loop(
     ),
     min_rows: Optional[int] = typer.Option(None, help="--from-traces: rewarded rows a turn waits for [loop.min_rows]"),
     deploy: Optional[str] = typer.Option(
-        None, help="direct (the alias moves) or canary (loop.canary.*: share, min_samples...) [loop.deploy]"
+        None,
+        help="direct (the alias moves), canary (loop.canary.*: share, min_samples...) or dedicated (a deployment "
+        "of its own for the team) [loop.deploy]",
     ),
     resume: Optional[str] = typer.Option(None, help="a run id (or 'last') to resume from its last completed phase"),
     keep_up: bool = typer.Option(False, help="leave a stack this command started running"),

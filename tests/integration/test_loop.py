@@ -149,3 +149,45 @@ def test_a_loop_that_crashed_mid_turn_resumes_from_its_last_completed_phase(stac
     rows = store.sql(f"SELECT count(*) AS n FROM traces WHERE env_id LIKE '{state.run_id}-t1-%'")
     assert rows.column("n")[0].as_py() == 8 * 4
     assert set(state.data["phases"]) == {"0.eval", "1.rollouts", "1.export", "1.train", "1.deploy", "1.eval"}
+
+
+def test_a_loop_releasing_dedicated_rolls_out_on_its_last_checkpoints_deployment_and_leaves_the_alias(stack):
+    """`--deploy dedicated`: each turn's checkpoint on a deployment of its own for the loop's team;
+    the next turn's rollouts and every eval after it are served there (on-policy), the previous
+    turn's deployment goes once the new one runs, and the alias keeps serving the warmed base."""
+    lc = LoopConfig(env=HEAD_ENV, turns=2, train_tasks=8, eval_tasks=8, samples=4, steps=5, seed=4, deploy="dedicated")
+    result = run_loop(stack, lc)
+    gw = stack.resolved_gateway()
+    admin = {"Authorization": f"Bearer {stack.admin_key()}"}
+    state = json.loads((stack.home_path / "loops" / result["run_id"] / "state.json").read_text())
+    first, second = (state["phases"][f"{t}.deploy"] for t in (1, 2))
+    try:
+        assert Registry(gw.checkpoints_file).current("tiny") == result["turns"][0]["version"]
+        store = TraceStore(stack.traces_path)
+
+        def served(env_id: str) -> list[dict]:
+            sql = "SELECT DISTINCT deployment, checkpoint_version, gen_ai_request_model FROM traces WHERE env_id = $1"
+            return store.sql(sql, params=[env_id]).to_pylist()
+
+        turns = result["turns"]
+        assert served(turns[1]["eval"]["env_id"]) == [
+            {
+                "deployment": first["deployment"],
+                "checkpoint_version": first["version"],
+                "gen_ai_request_model": first["served_model"],
+            }
+        ]
+        assert {r["deployment"] for r in served(turns[2]["rollouts"]["env_id"])} == {first["deployment"]}  # on-policy
+        assert {r["deployment"] for r in served(turns[2]["eval"]["env_id"])} == {second["deployment"]}
+        t0 = time.monotonic()
+        while httpx.get(f"{gw.url}/v1/deployments/{first['deployment']}", headers=admin).status_code != 404:
+            assert time.monotonic() - t0 < 120, "the previous turn's deployment was not deleted"
+            time.sleep(0.5)
+        assert httpx.get(f"{gw.url}/v1/deployments/{second['deployment']}", headers=admin).json()["status"] == "RUNNING"
+    finally:
+        for dep in (first, second):
+            httpx.delete(f"{gw.url}/v1/deployments/{dep['deployment']}", headers=admin)
+        t0 = time.monotonic()
+        while httpx.get(f"{gw.url}/v1/deployments/{second['deployment']}", headers=admin).status_code != 404:
+            assert time.monotonic() - t0 < 120, "the dedicated deployment was not deleted"
+            time.sleep(0.5)

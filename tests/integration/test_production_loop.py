@@ -17,11 +17,12 @@ import datasets
 import httpx
 import pytest
 
-from deploy.cli.loop import run_loop, team_key
+from deploy.cli.loop import loop_target, run_loop, team_key
 from feedback.canary import CanaryPolicy
 from feedback.registry import Registry
 from feedback.train import TrainConfig, train_lora
 from loop.config import LoopConfig
+from loop.report import Reporter
 from serve.keys import KeyStore
 from tests.integration.conftest import LOCAL_STACK, flywheel_cli
 from traces.store import TraceStore
@@ -34,6 +35,7 @@ REWARDS = "SELECT trace_id, reward FROM rewards WHERE name = 'reward'"
 @pytest.fixture(scope="module")
 def users(stack, tmp_path_factory):
     """The users of team demo (a key of their own), running until the module ends."""
+    loop_target(stack, team_key(stack), Reporter(quiet=True))  # the base's warm-up first, on a quiet stack
     tmp = tmp_path_factory.mktemp("users")
     gw = stack.resolved_gateway()
     _, key = KeyStore(gw.keys_file).create("demo", "simulated users")
