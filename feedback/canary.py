@@ -171,6 +171,7 @@ class CanaryController:
 
     def start(self, alias: str, version: str, policy: CanaryPolicy) -> dict:
         """Serve ``version`` to ``policy.share`` of ``alias``'s sessions beside what it serves now."""
+        self.registry.get(version)  # an unknown version: refused before anything is written
         baseline = self.registry.current(alias)
         if version == baseline:
             raise CanaryError(f"{alias!r} already serves {version}: nothing to compare it with")

@@ -58,6 +58,13 @@ def _tokens(store, scope: str, env_ids: list[str]) -> int:
     return int(row.column("n")[0].as_py())
 
 
+def _error_code(r: httpx.Response) -> str | None:
+    try:
+        return r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _summary(results, solve_at: float) -> dict:
     n = max(len(results), 1)
     return {
@@ -271,12 +278,17 @@ class Loop:
     def _dedicated(self, turn: int, version: str) -> dict:
         """Release ``version`` on a deployment of its own for the loop's team (the alias stays
         where it is); the loop's later rollouts and evals go to it, and the one the previous turn
-        released is deleted once this one runs."""
+        released is deleted once this one runs, or first, when the pool has no room for both."""
         name = f"{self.state.run_id}-t{turn}"
+        previous = self.state.data.get("dedicated")
         found = self._admin("GET", "/v1/deployments").json()["data"]
         dep = next((d for d in found if d["name"] == name and d["team"] == self.team), None)  # a resumed release
+        body = {"model": version, "name": name, "team": self.team, "replicas": 1}
         if dep is None:
-            r = self._admin("POST", "/v1/deployments", {"model": version, "name": name, "team": self.team, "replicas": 1})
+            r = self._admin("POST", "/v1/deployments", body)
+            if r.status_code != 202 and previous and _error_code(r) == "insufficient_capacity":
+                self._delete(previous["id"])
+                r = self._admin("POST", "/v1/deployments", body)
             if r.status_code != 202:
                 raise RuntimeError(f"dedicated deployment of {version}: HTTP {r.status_code} {r.text[:300]}")
             dep = r.json()
@@ -286,12 +298,20 @@ class Loop:
                 raise RuntimeError(f"dedicated deployment {dep['id']} of {version}: {dep['status']} {dep.get('reason') or ''}")
             time.sleep(1.0)
             dep = self._admin("GET", f"/v1/deployments/{dep['id']}").json()
-        previous = self.state.data.get("dedicated")
         self.state.data["dedicated"] = {"id": dep["id"], "served_model": dep["served_model"]}
         self.state.save()
         if previous and previous["id"] != dep["id"]:
-            self._admin("DELETE", f"/v1/deployments/{previous['id']}")
+            self._delete(previous["id"])
         return {"version": version, "deployment": dep["id"], "served_model": dep["served_model"]}
+
+    def _delete(self, deployment: str) -> None:
+        """Delete a dedicated deployment and wait until its slots are free (404)."""
+        self._admin("DELETE", f"/v1/deployments/{deployment}")
+        deadline = time.monotonic() + 300
+        while self._admin("GET", f"/v1/deployments/{deployment}").status_code != 404:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"dedicated deployment {deployment} was not gone 300 s after its delete")
+            time.sleep(0.5)
 
     def _controller(self):
         from feedback.canary import CanaryController

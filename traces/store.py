@@ -209,17 +209,20 @@ class TraceStore:
         """Run a query over this store's snapshot (its last ``refresh``) and return an Arrow
         table (its first ``limit`` rows, if given). If housekeeping removed a file of the
         snapshot meanwhile (a compaction's inputs, an expired day), an unlocked store takes a
-        new snapshot and runs the query once more; a sandboxed one raises :class:`SnapshotGone`
-        (open a new store). ``params`` fill the query's ``$1``, ``$2``... placeholders."""
-        try:
-            return self._fetch(query, limit, params)
-        except _READ_FAILED as exc:
-            if not _file_gone(exc):
-                raise
-            if getattr(self, "_locked", False):
-                raise SnapshotGone(str(exc)) from None
-        self.refresh()
-        return self._fetch(query, limit, params)
+        new snapshot and runs the query again, up to ``RETRIES`` times (feedback posted at
+        hundreds a minute is compacted that often); a sandboxed one raises
+        :class:`SnapshotGone` (open a new store). ``params`` fill the query's ``$1``, ``$2``...
+        placeholders."""
+        for attempt in range(RETRIES + 1):
+            try:
+                if attempt:
+                    self.refresh()
+                return self._fetch(query, limit, params)
+            except _READ_FAILED as exc:
+                if not _file_gone(exc) or attempt == RETRIES:
+                    raise
+                if getattr(self, "_locked", False):
+                    raise SnapshotGone(str(exc)) from None
 
     def batches(
         self, query: str, params: list | None = None, rows_per_batch: int = 256
@@ -311,6 +314,7 @@ class SnapshotGone(RuntimeError):
     """A file of a sandboxed store's snapshot was removed by housekeeping; open a new store."""
 
 
+RETRIES = 3  # new snapshots an unlocked store's query takes after files vanished under it
 # a file DuckDB reads itself fails as an IOException; one a registered Arrow dataset reads (a
 # team's feedback) as an InvalidInputException around the same IOError
 _READ_FAILED = (duckdb.IOException, duckdb.InvalidInputException)

@@ -10,7 +10,7 @@ difference and its bound), time to decision and the requests the canary took to 
 held-back greedy eval (exact-solve) of the checkpoint serving afterwards. Goal: a better
 checkpoint promoted within 2,000 canary requests, a worse one rolled back within 500.
 
-    .venv/bin/python -m deploy.bench.production [--turns 2] [--share 0.2] [--min-samples 64]
+    .venv/bin/python -m deploy.bench.production [--turns 2] [--share 0.2] [--min-samples 40]
         [--out deploy/bench/results/DATE/production]
 """
 
@@ -27,12 +27,13 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from deploy.cli.loop import run_loop
+from deploy.cli.loop import loop_target, run_loop, team_key
 from deploy.stack.config import load_config
 from deploy.stack.launcher import down, up
 from feedback.canary import CanaryPolicy
 from feedback.registry import Registry
 from loop.config import LoopConfig
+from loop.report import Reporter
 from serve.keys import KeyStore
 from traces.store import TraceStore
 
@@ -76,7 +77,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=2, help="turns on the users' rewards")
     ap.add_argument("--share", type=float, default=0.2, help="the canary's share of sessions")
-    ap.add_argument("--min-samples", type=int, default=64)
+    ap.add_argument("--min-samples", type=int, default=40, help="rewarded traces per arm before a decision")
     ap.add_argument("--min-rows", type=int, default=256, help="rewarded rows a turn trains on")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -84,6 +85,7 @@ def main() -> None:
     cfg = load_config("local", [f"home={home}", *PORTS], environ={})
     t0 = time.monotonic()
     up(cfg)
+    loop_target(cfg, team_key(cfg), Reporter(quiet=True))  # the base's warm-up, before the users arrive
     gw = cfg.resolved_gateway()
     _, key = KeyStore(gw.keys_file).create("demo", "simulated users")
     (home / "users.key").write_text(key)

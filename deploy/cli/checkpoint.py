@@ -186,6 +186,8 @@ def ckpt_canary(
     max_regression: Optional[float] = typer.Option(None, help=_policy("max_regression")),
     confidence: Optional[float] = typer.Option(None, help=_policy("confidence")),
     max_hours: Optional[float] = typer.Option(None, help=_policy("max_hours")),
+    max_error_increase: Optional[float] = typer.Option(None, help=_policy("max_error_increase")),
+    max_ttft_ratio: Optional[float] = typer.Option(None, help=_policy("max_ttft_ratio")),
     interval_s: Optional[float] = typer.Option(None, help=_policy("interval_s")),
     resume: bool = typer.Option(False, "--resume", help="watch the canary running on the alias until it decides"),
     stop: bool = typer.Option(False, "--stop", help="roll the running canary back now"),
@@ -203,7 +205,7 @@ def ckpt_canary(
     from feedback.registry import RegistryError
     from traces.store import TraceStore
 
-    if (version is None) == (resume or stop):
+    if (version is None) != (resume or stop) or (resume and stop):
         console.print("[red]give a VERSION to start a canary, or --resume / --stop (no VERSION) for the one running[/]")
         raise typer.Exit(2)
     flags = dict(
@@ -213,6 +215,8 @@ def ckpt_canary(
         max_regression=max_regression,
         confidence=confidence,
         max_hours=max_hours,
+        max_error_increase=max_error_increase,
+        max_ttft_ratio=max_ttft_ratio,
         interval_s=interval_s,
     )
     try:

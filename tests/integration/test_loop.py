@@ -154,7 +154,8 @@ def test_a_loop_that_crashed_mid_turn_resumes_from_its_last_completed_phase(stac
 def test_a_loop_releasing_dedicated_rolls_out_on_its_last_checkpoints_deployment_and_leaves_the_alias(stack):
     """`--deploy dedicated`: each turn's checkpoint on a deployment of its own for the loop's team;
     the next turn's rollouts and every eval after it are served there (on-policy), the previous
-    turn's deployment goes once the new one runs, and the alias keeps serving the warmed base."""
+    turn's deployment goes (first, here: the local pool has room for one), and the alias keeps
+    serving the warmed base."""
     lc = LoopConfig(env=HEAD_ENV, turns=2, train_tasks=8, eval_tasks=8, samples=4, steps=5, seed=4, deploy="dedicated")
     result = run_loop(stack, lc)
     gw = stack.resolved_gateway()
