@@ -241,6 +241,12 @@ def ckpt_canary(
             if not wait:
                 return
         running = registry.canaries().get(name, {}).get("candidate") or version
+        if running is None:
+            last = [d for d in registry.decisions() if d.get("alias") == name]
+            done = {"promote": "promoted", "rollback": "rolled back"}
+            said = f" (the last, {last[-1]['candidate']}, was {done[last[-1]['action']]} {last[-1]['decided']})" if last else ""
+            console.print(f"[red]no canary is running on {name!r}{said}[/]")
+            raise typer.Exit(1)
         decision = controller.watch(name, on_look=lambda d: console.print(_canary_line(running, d)))
     except (CanaryError, HotSwapError, RegistryError) as exc:
         console.print(f"[red]canary failed:[/] {exc}")
