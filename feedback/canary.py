@@ -47,6 +47,10 @@ from feedback.registry import Registry
 ARM_ERRORS = ("unreachable", "timeout", "upstream_error", "malformed", "invalid_tool_call")
 
 
+# how a decision reads once made, wherever it is shown
+DONE = {"promote": "promoted", "rollback": "rolled back"}
+
+
 class CanaryError(RuntimeError):
     pass
 

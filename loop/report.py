@@ -52,9 +52,10 @@ class Reporter:
                 + (f", off-policy gap {gap:.4f} nats/token" if gap is not None else "")
             )
         if "canary" in t:
+            from feedback.canary import DONE
+
             c = t["canary"]
-            verb = "promoted" if c["action"] == "promote" else "rolled back"
-            line += f"; canary {t['candidate']} {verb}: {c['reason']}"
+            line += f"; canary {t['candidate']} {DONE[c['action']]}: {c['reason']}"
         self.console.print(line)
         for example_id, reply, reward in ev["examples"]:
             self.console.print(f"  {example_id}: {reply!r} -> {reward:.2f}")

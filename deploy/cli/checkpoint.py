@@ -160,11 +160,12 @@ def _canary_line(version: str, decision) -> str:
     f = decision.figures
     if decision.action == "wait":
         return f"canary {version}: waiting ({decision.reason})"
-    verb = "promoted" if decision.action == "promote" else "rolled back"
+    from feedback.canary import DONE
+
     seen = ""
     if f.get("candidate"):
         seen = f"; rewarded baseline {f['baseline']['rewarded']}, candidate {f['candidate']['rewarded']}"
-    return f"canary {version}: {verb}: {decision.reason}{seen}"
+    return f"canary {version}: {DONE[decision.action]}: {decision.reason}{seen}"
 
 
 def _policy(knob: str) -> str:
@@ -200,7 +201,7 @@ def ckpt_canary(
     TTFT. The decision and its figures go in the registry's lineage and on /ui/checkpoints."""
     from pydantic import ValidationError
 
-    from feedback.canary import CanaryController, CanaryError, CanaryPolicy
+    from feedback.canary import DONE, CanaryController, CanaryError, CanaryPolicy
     from feedback.hotswap import HotSwapError
     from feedback.registry import RegistryError
     from traces.store import TraceStore
@@ -243,8 +244,7 @@ def ckpt_canary(
         running = registry.canaries().get(name, {}).get("candidate") or version
         if running is None:
             last = [d for d in registry.decisions() if d.get("alias") == name]
-            done = {"promote": "promoted", "rollback": "rolled back"}
-            said = f" (the last, {last[-1]['candidate']}, was {done[last[-1]['action']]} {last[-1]['decided']})" if last else ""
+            said = f" (the last, {last[-1]['candidate']}, was {DONE[last[-1]['action']]} {last[-1]['decided']})" if last else ""
             console.print(f"[red]no canary is running on {name!r}{said}[/]")
             raise typer.Exit(1)
         decision = controller.watch(name, on_look=lambda d: console.print(_canary_line(running, d)))
