@@ -20,12 +20,13 @@ from fastapi import FastAPI
 from serve import feedback_api, trace_query, ui
 from serve.admission import Admission
 from serve.affinity import Affinity
-from serve.api import admin, completions, deployments, models, status
+from serve.api import admin, completions, deployments, messages, models, responses, status
 from serve.batch import api as batch_api
 from serve.batch.runner import BatchRunner
 from serve.body_limit import BodyLimit
 from serve.breaker import Breakers
 from serve.config import GatewayConfig
+from serve.conversations import Conversations
 from serve.cross_site import CrossSite
 from serve.deployments import Deployments
 from serve.errors import install_error_handlers
@@ -46,6 +47,8 @@ from traces.writer import TraceWriter
 log = logging.getLogger(__name__)
 ROUTERS = (
     completions.router,
+    responses.router,
+    messages.router,
     models.router,
     deployments.router,
     status.router,
@@ -68,6 +71,10 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
     metrics.watch_deployments(dedicated)
     forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics, dedicated)
     files, batches = FileStore(config.traces_dir, config.batch.file_ttl_s), BatchStore(config.traces_dir)
+    queries = QueryPool(config.query, config.query_timeout_s, trace_query.spill_root(config))
+    # a turn another replica answered reaches the store's files within a flush or two
+    limits, wait_s = trace_query.QueryLimits.of(config), 2 + 3 * config.trace_flush_age_s
+    conversations = Conversations(config.traces_dir, queries, limits, wait_s)
     return GatewayParts(
         config=config,
         keys=keys,
@@ -82,7 +89,8 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
         files=files,
         batches=batches,
         batch_runner=BatchRunner(config, batches, files, forwarder, keys),
-        queries=QueryPool(config.query, config.query_timeout_s, trace_query.spill_root(config)),
+        queries=queries,
+        conversations=conversations,
     )
 
 

@@ -83,7 +83,7 @@ def authenticate(request: Request, config: GatewayConfig, keys: KeyStore | None)
 
 
 def authenticate_headers(headers: Mapping[str, str], config: GatewayConfig, keys: KeyStore | None) -> Caller:
-    key = bearer_of(headers)
+    key = bearer_of(headers) or headers.get("x-api-key")  # the second is how Anthropic's clients send it
     caller = caller_for_key(key, config, keys)
     if caller is not None:
         return caller

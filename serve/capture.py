@@ -21,6 +21,9 @@ from traces.schema import TraceRecord
 from serve.outcome import Outcome
 
 
+API_OF_OPERATION = {"chat": "chat", "text_completion": "completions", "generate": "generate"}
+
+
 def new_trace_id() -> str:
     return "tr-" + os.urandom(16).hex()  # uuid4's 128 random bits, without building a UUID
 
@@ -62,6 +65,10 @@ class RequestContext:
     priced_as: str | None = None
     arm: str | None = None  # the arm of a split alias it took (serve/split.py)
     shadow_route: ModelRoute | None = None  # a shadow arm's copy: the route it goes to, answered to no one
+    # a request translated from another API (serve/api/responses.py, messages.py): its name and
+    # the client's own request as JSON text; the body above is the chat request it became
+    api: str | None = None
+    api_request: str | None = field(default=None, repr=False)
     received: datetime = field(default_factory=_now)
     received_mono: float = field(default_factory=time.monotonic)  # the same moment, for durations
 
@@ -212,6 +219,8 @@ class Capture:
             team=c.team,
             api_key_id=c.api_key_id,
             gen_ai_operation_name=c.operation,
+            api=c.api or API_OF_OPERATION.get(c.operation, c.operation),
+            api_request=c.api_request,
             gen_ai_request_model=c.alias,
             gen_ai_response_model=c.upstream_model,
             checkpoint_version=c.checkpoint_version,

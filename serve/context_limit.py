@@ -107,6 +107,22 @@ def _rendered(body: dict, model_path: str) -> list[str] | None:
         return None
 
 
+def count_prompt_tokens(messages: list[dict], tools: list[dict] | None, model_path: str | None) -> int:
+    """The tokens of a chat prompt as the engine renders it (its chat template, tools
+    included); the message texts alone for a model without a template. Call off the loop."""
+    template = _chat_template(model_path) if model_path else None
+    if template is not None:
+        try:
+            return len(template.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True))
+        except Exception as exc:  # noqa: BLE001 - a template that cannot render this request
+            raise APIError(400, f"the model's chat template cannot render these messages: {exc}", param="messages") from None
+    tok = _tokenizer(model_path) if model_path else None
+    if tok is None:
+        raise APIError(503, "this model has no tokenizer to count with", type="server_error")
+    texts = prompt_texts({"messages": messages})
+    return sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False)) if texts else 0
+
+
 def check_text(body: dict, max_model_len: int, model_path: str | None) -> None:
     """Tokenize a long text prompt (call off the event loop) and refuse it if it cannot fit.
 

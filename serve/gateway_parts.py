@@ -8,6 +8,7 @@ captured from an enclosing ``create_app``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
@@ -27,6 +28,9 @@ from serve.shared_state import SharedState
 from traces.batch_store import BatchStore, FileStore
 from traces.writer import TraceWriter
 
+if TYPE_CHECKING:  # it reads the store through serve.trace_query, whose routes take these parts
+    from serve.conversations import Conversations
+
 
 @dataclass
 class GatewayParts:
@@ -44,6 +48,7 @@ class GatewayParts:
     batches: BatchStore
     batch_runner: BatchRunner
     queries: QueryPool
+    conversations: Conversations  # Responses API turns (previous_response_id)
 
     def caller(self, request: Request) -> Caller:
         return authenticate(request, self.config, self.keys)

@@ -16,7 +16,9 @@ no reference (``prompt_prefix_trace_id`` null) stores its whole prompt in
 Versions: 1 stored the whole prompt in ``prompt_token_ids``. 2 adds the prefix reference. 3 adds
 ``batch_id`` and ``custom_id`` (a line of the Batch API). 4 adds ``outcome`` (how the request
 ended, ``serve/outcome.py``'s kinds: ok, client_gone, upstream_error, ...). 5 adds ``arm`` (the arm
-of a split alias that served it, ``serve/split.py``). The
+of a split alias that served it, ``serve/split.py``). 6 adds ``api`` (which API the request came in
+by: chat, completions, generate, responses, messages) and ``api_request`` (a translated API's
+request as its client sent it; the engine's chat request stays in the columns above). The
 store reads every version through one view (missing columns read as null), so old files stay
 readable; bump ``SCHEMA_VERSION`` whenever a column is added, renamed or changes meaning.
 """
@@ -30,7 +32,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _ts = pa.timestamp("us", tz="UTC")
 
@@ -43,6 +45,8 @@ TRACE_SCHEMA = pa.schema(
         ("team", pa.string()),
         ("api_key_id", pa.string()),
         ("gen_ai_operation_name", pa.string()),  # "chat" | "text_completion"
+        ("api", pa.string()),  # chat | completions | generate | responses | messages
+        ("api_request", pa.string()),  # JSON: a Responses or Messages request as the client sent it
         ("gen_ai_request_model", pa.string()),  # the alias the client asked for
         ("gen_ai_response_model", pa.string()),  # the engine-side model name that served it
         ("checkpoint_version", pa.string()),
@@ -104,6 +108,8 @@ class TraceRecord(msgspec.Struct, kw_only=True):
     team: str | None = None
     api_key_id: str | None = None
     gen_ai_operation_name: str | None = None
+    api: str | None = None
+    api_request: str | None = None
     gen_ai_request_model: str | None = None
     gen_ai_response_model: str | None = None
     checkpoint_version: str | None = None

@@ -8,9 +8,11 @@ ASGI caller that reaches FastAPI itself gets) call the same function.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.datastructures import Headers
 
 from serve import json_codec
@@ -38,6 +40,7 @@ MESSAGES_PER_SLICE = 256
 MESSAGE_LIST = TypeAdapter(list[Message])
 
 router = APIRouter()
+M = TypeVar("M", bound=BaseModel)
 
 
 async def complete(gw: GatewayParts, operation: str, headers: dict[str, str], raw: bytes):
@@ -81,6 +84,40 @@ async def generate(request: Request, gw: GatewayParts = Depends(parts)):
     return JSONResponse(generate_response(data), headers=headers)
 
 
+def parsed(model: type[M], raw: bytes) -> M:
+    """A translated API's raw body as its request model (400s naming what is wrong)."""
+    body, _ = json_codec.request_object(raw)
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise invalid_request(exc.errors()) from None
+
+
+async def forward_chat(
+    gw: GatewayParts,
+    caller: Caller,
+    headers: Headers,
+    body: dict,
+    *,
+    trace_id: str,
+    api: str,
+    api_request: str,
+    session_id: str | None,
+    parent_trace_id: str | None = None,
+):
+    """A chat request translated from another API (serve/translate/), on the same way as a
+    client's own: the answer is chat's, for the caller to translate back."""
+    try:
+        ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise invalid_request(exc.errors()) from None
+    ctx = _context(gw.routes, headers, "chat", body, caller, trace_id)
+    ctx.api, ctx.api_request = api, api_request
+    ctx.session_id = ctx.session_id or session_id
+    ctx.parent_trace_id = ctx.parent_trace_id or parent_trace_id
+    return await gw.forwarder.forward("chat", body, ctx)
+
+
 def _validated(raw: bytes, operation: str, in_slices: bool = False) -> tuple[dict, bytes | None]:
     """A completion request's body, checked against its model (400s), and its prompt's JSON.
     ``in_slices`` (a large body, in a thread): decoded and checked a slice of messages at a time,
@@ -109,10 +146,12 @@ def _validated(raw: bytes, operation: str, in_slices: bool = False) -> tuple[dic
     return body, prompt_json
 
 
-def _context(routes: RouteTable, h: Headers | dict[str, str], operation: str, body: dict, caller: Caller) -> RequestContext:
+def _context(
+    routes: RouteTable, h: Headers | dict[str, str], operation: str, body: dict, caller: Caller, trace_id: str | None = None
+) -> RequestContext:
     return RequestContext.for_route(
         routes.get(body["model"]),
-        new_trace_id(),
+        trace_id or new_trace_id(),
         operation,
         body,
         team=caller.team,

@@ -1,0 +1,92 @@
+"""Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+A request is translated (``serve/translate/messages.py``) to the chat request the gateway
+forwards, through ``serve.api.completions.forward_chat``: admission, budgets, affinity (by
+``X-Session-ID``, else ``metadata.user_id``), the tool-call grammar, capture and outcomes are
+chat's. Every error on these routes is in Anthropic's shape; the key may come as ``x-api-key``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from serve.api.completions import forward_chat, parsed
+from serve.auth import require_scope
+from serve.capture import new_trace_id
+from serve.context_limit import count_prompt_tokens
+from serve.errors import APIError, model_not_found
+from serve.forward import Stream
+from serve.gateway_parts import GatewayParts, parts
+from serve.openapi import json_body
+from serve.translate.chat_stream import translated
+from serve.translate.messages import (
+    AnthropicError,
+    CountTokensRequest,
+    MessagesRequest,
+    MessagesStream,
+    chat_body,
+    chat_messages,
+    chat_tools,
+    message,
+)
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+async def _in_anthropic_shape(answer):
+    try:
+        return await answer
+    except APIError as err:
+        raise AnthropicError.of(err) from None
+    except Exception as exc:  # our own bug, still in the shape the client parses
+        log.exception("unexpected error on a Messages route")
+        raise AnthropicError(500, f"Internal error in the gateway: {type(exc).__name__}: {exc}", type="api_error") from None
+
+
+@router.post("/v1/messages", openapi_extra=json_body(MessagesRequest))
+async def create_message(request: Request, gw: GatewayParts = Depends(parts)):
+    return await _in_anthropic_shape(_create(request, gw))
+
+
+async def _create(request: Request, gw: GatewayParts):
+    caller = gw.caller(request)
+    require_scope(caller, "inference")
+    raw = await request.body()
+    req = parsed(MessagesRequest, raw)
+    trace_id = new_trace_id()
+    result, headers = await forward_chat(
+        gw,
+        caller,
+        request.headers,
+        chat_body(req),
+        trace_id=trace_id,
+        api="messages",
+        api_request=raw.decode(),
+        session_id=req.metadata.user_id if req.metadata else None,
+    )
+    if isinstance(result, Stream):
+        events = translated(result.body, MessagesStream(trace_id, req.model, req))
+        return StreamingResponse(events, media_type="text/event-stream", headers={**headers, **result.headers})
+    return JSONResponse(message(result, trace_id, req.model, req), headers=headers)
+
+
+@router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
+async def count_tokens(request: Request, gw: GatewayParts = Depends(parts)):
+    return await _in_anthropic_shape(_count(request, gw))
+
+
+async def _count(request: Request, gw: GatewayParts):
+    """The prompt's tokens as the model's chat template renders it, tools included."""
+    caller = gw.caller(request)
+    require_scope(caller, "inference")
+    req = parsed(CountTokensRequest, await request.body())
+    route = gw.routes.get(req.model)
+    if route is None or not route.serves(caller.team, caller.admin):
+        raise model_not_found(req.model)
+    tools, _, _ = chat_tools(req)
+    model_path = gw.config.deployment(route.deployment).model_path
+    n = await gw.forwarder.turns.run(caller.team, count_prompt_tokens, chat_messages(req), tools, model_path)
+    return {"input_tokens": n}

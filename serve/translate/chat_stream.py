@@ -1,0 +1,44 @@
+"""Reading the gateway's own chat stream back as objects, for a translator to re-emit as another
+API's typed events.
+
+The relay (``serve/relay.py``) yields one SSE event per piece: a chat chunk, an error object,
+or ``[DONE]``, which it sends only once the trace is stored. A translator therefore ends its
+stream (``message_stop``, ``response.completed``) on the same promise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from serve import json_codec
+
+
+class Translator(Protocol):
+    def chunk(self, obj: dict) -> list[bytes]: ...
+    def done(self) -> list[bytes]: ...
+    def failed(self, error: dict) -> list[bytes]: ...
+
+
+def named_event(name: str, obj: dict) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + json_codec.encode(obj) + b"\n\n"
+
+
+async def translated(body: AsyncIterator[bytes], translator: Translator) -> AsyncIterator[bytes]:
+    """``body`` (the chat stream's SSE bytes) as ``translator``'s events. Closing this closes
+    ``body``, so a client that leaves settles the request as it does for chat."""
+    try:
+        async for piece in body:
+            for line in piece.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    for out in translator.done():
+                        yield out
+                    continue
+                obj = json_codec.decode(data)
+                for out in translator.failed(obj["error"]) if "error" in obj else translator.chunk(obj):
+                    yield out
+    finally:
+        await body.aclose()
