@@ -1,8 +1,8 @@
 """The gateway's composition root: makes its parts once and includes every router.
 
 Routes are declared at module level, one router per resource (``serve/api/``: completions,
-models, status, admin; the trace SQL, feedback and Batch APIs and the trace browser beside their
-parts), and reach the parts through ``serve.gateway_parts``. A completion request's whole way is
+Responses, Messages, models, deployments, status, trace SQL, admin; the feedback and Batch APIs
+and the trace browser beside their parts), and reach the parts through ``serve.gateway_parts``. A completion request's whole way is
 ``serve.api.completions.complete`` -> :class:`serve.forward.Forwarder`.
 """
 
@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from serve import feedback_api, trace_query, ui
 from serve.admission import Admission
 from serve.affinity import Affinity
-from serve.api import admin, completions, deployments, messages, models, responses, status
+from serve.api import admin, completions, deployments, messages, models, responses, status, traces
 from serve.batch import api as batch_api
 from serve.batch.runner import BatchRunner
 from serve.body_limit import BodyLimit
@@ -42,6 +42,7 @@ from serve.shared_state import SharedState
 from serve.upstream_http import upstream_client
 from serve.weights import FullWeights
 from traces.batch_store import BatchStore, FileStore
+from traces.otlp import OtlpExporter
 from traces.writer import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ ROUTERS = (
     models.router,
     deployments.router,
     status.router,
-    trace_query.router,
+    traces.router,
     feedback_api.router,
     batch_api.router,
     admin.router,
@@ -60,7 +61,15 @@ ROUTERS = (
 
 
 def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> GatewayParts:
-    writer = writer or TraceWriter(config.traces_dir, config.instance_name, config.trace_flush_batch, config.trace_flush_age_s)
+    # the exporter's outbox first: the writer hands it what it replays at start
+    otlp = OtlpExporter(config.traces_dir, config.instance_name, config.otlp) if config.otlp.endpoint else None
+    writer = writer or TraceWriter(
+        config.traces_dir,
+        config.instance_name,
+        config.trace_flush_batch,
+        config.trace_flush_age_s,
+        on_converted=otlp.enqueue if otlp else None,
+    )
     keys = KeyStore(config.keys_file) if config.keys_file else None
     state = SharedState(config.redis_url, replica=config.instance_name)
     routes = RouteTable(config.models, state, config.routes_file)
@@ -91,6 +100,7 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
         batch_runner=BatchRunner(config, batches, files, forwarder, keys),
         queries=queries,
         conversations=conversations,
+        otlp=otlp,
     )
 
 
@@ -111,6 +121,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         await app.state.http.aclose()
         await gw.forwarder.pool.aclose()
         gw.writer.close()
+        if gw.otlp is not None:  # what it has not sent waits in its outbox for the next start
+            gw.otlp.close()
         gw.queries.close()
 
     app = Gateway(title="Flywheel gateway", lifespan=lifespan)

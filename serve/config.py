@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from traces.otlp import OtlpConfig
+
 
 class StrictModel(BaseModel):
     """Configuration (and admin request bodies): an unknown key is an error, not ignored."""
@@ -310,6 +312,7 @@ class GatewayConfig(StrictModel):
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = 1.0
+    otlp: OtlpConfig = OtlpConfig()
 
     @property
     def instance_name(self) -> str:

@@ -8,7 +8,6 @@ captured from an enclosing ``create_app``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fastapi import Request
 
@@ -18,6 +17,7 @@ from serve.auth import require_admin as _require_admin
 from serve.batch.runner import BatchRunner
 from serve.breaker import Breakers
 from serve.config import GatewayConfig
+from serve.conversations import Conversations
 from serve.deployments import Deployments
 from serve.forward import Forwarder
 from serve.keys import KeyStore
@@ -26,10 +26,8 @@ from serve.query_pool import QueryPool
 from serve.routes import RouteTable
 from serve.shared_state import SharedState
 from traces.batch_store import BatchStore, FileStore
+from traces.otlp import OtlpExporter
 from traces.writer import TraceWriter
-
-if TYPE_CHECKING:  # it reads the store through serve.trace_query, whose routes take these parts
-    from serve.conversations import Conversations
 
 
 @dataclass
@@ -49,6 +47,7 @@ class GatewayParts:
     batch_runner: BatchRunner
     queries: QueryPool
     conversations: Conversations  # Responses API turns (previous_response_id)
+    otlp: OtlpExporter | None = None  # trace rows as OpenTelemetry spans (gateway.otlp)
 
     def caller(self, request: Request) -> Caller:
         return authenticate(request, self.config, self.keys)

@@ -1,4 +1,5 @@
-"""`POST /v1/traces/query`: read-only SQL over the trace store for data teams.
+"""Read-only SQL over the trace store for data teams (``POST /v1/traces/query``, in
+``serve/api/traces.py``), the trace browser and the Responses API's conversations.
 
 A team key sees only its team's rows; the admin key sees all. Either way the statement must be
 a single SELECT over the store's views and cannot touch any other file (``traces.guard`` and a
@@ -19,14 +20,10 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from serve.config import GatewayConfig
 from serve.errors import APIError
-from serve.gateway_parts import GatewayParts, parts
-from serve.openapi import json_body
 from serve.query_pool import QueryDeadline, QueryTooLarge, QueryWorkerLost
 from traces.guard import QueryRefused
 from traces.store import SnapshotGone, TraceStore
@@ -169,28 +166,3 @@ def query_failure(exc: Exception, timeout_s: float) -> APIError | None:
     if isinstance(exc, duckdb.Error):
         return APIError(400, f"query failed: {exc}", param="sql")
     return None
-
-
-router = APIRouter()
-
-
-@router.post("/v1/traces/query", openapi_extra=json_body(QueryRequest))
-async def query(request: Request, gw: GatewayParts = Depends(parts)):
-    caller = gw.caller(request)
-    if caller.anonymous:
-        raise APIError(401, "querying traces needs a team or admin API key", code="invalid_api_key")
-    try:
-        req = QueryRequest.model_validate_json(await request.body())
-    except ValueError as exc:
-        raise APIError(400, f'expected {{"sql": "SELECT ..."}}: {exc}', param="sql") from None
-    try:
-        config = gw.config
-        body = await gw.queries.run(
-            answer, config.traces_dir, None if caller.admin else caller.team, req.sql, req.max_rows, QueryLimits.of(config)
-        )
-    except Exception as exc:
-        failure = query_failure(exc, gw.config.query_timeout_s)
-        if failure is None:
-            raise
-        raise failure from None
-    return Response(body, media_type="application/json")

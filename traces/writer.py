@@ -69,8 +69,12 @@ class TraceWriter:
         max_age_s: float = 1.0,
         fsync: bool = True,
         prefix_refs: bool = True,
+        on_converted: Callable[[Path, str, list[str]], None] | None = None,
     ):
+        """``on_converted(partition, file name, trace ids)`` hears of each Parquet file written,
+        before its spool segment is dropped (``traces/otlp.py`` keeps it in its outbox)."""
         self.root, self.instance = Path(root), instance
+        self.on_converted = on_converted
         self.max_batch, self.max_age_s = max_batch, max_age_s
         private_dirs(self.root)
         # prefix_refs=False stores every prompt whole (only benchmarks compare the two)
@@ -179,6 +183,8 @@ class TraceWriter:
             tmp = part / f".{name}.tmp"
             pq.write_table(rows_to_table(fields, rows), tmp, compression="zstd")
             seal(tmp, part / name)
+            if self.on_converted is not None:
+                self.on_converted(part, name, [r[tid] for r in rows])
         segment.unlink()
         fsync_path(segment.parent)
         return len(by_id)

@@ -290,6 +290,42 @@ def test_an_alias_moved_through_one_replica_is_served_by_the_other_and_survives_
     assert [_served_version(u, "tiny-swap") for u in (url0, url1)] == ["v-two", "v-two"]
 
 
+def test_a_responses_conversation_continues_through_the_other_replica_and_stays_its_teams(ha):
+    """Each turn through the replica that did not answer the one before: it reads the earlier
+    turn from the trace store, and the conversation keeps one deployment. Another team's id,
+    a ``store: false`` one and a deleted one are 404 through either replica."""
+    url0, url1 = ha["urls"]
+    mine, theirs = {"Authorization": f"Bearer {ha['unlimited_key']}"}, {"Authorization": f"Bearer {ha['limited_key']}"}
+
+    def create(url, headers, **body):
+        return httpx.post(
+            f"{url}/v1/responses", json={"model": "tiny", "max_output_tokens": 4, **body}, headers=headers, timeout=60
+        )
+
+    turns = [create(url0, mine, input="one")]
+    for i, url in enumerate((url1, url0, url1)):
+        turns.append(create(url, mine, input=f"turn {i + 2}", previous_response_id=turns[-1].json()["id"]))
+    assert [t.status_code for t in turns] == [200] * 4, [t.text for t in turns]
+    assert len({t.headers["x-deployment"] for t in turns}) == 1
+    items = httpx.get(f"{url0}/v1/responses/{turns[-1].json()['id']}/input_items?order=asc&limit=100", headers=mine).json()[
+        "data"
+    ]
+    assert [i["role"] for i in items] == ["user", "assistant"] * 3 + ["user"]
+    first = turns[0].json()["id"]
+    for url in (url0, url1):
+        assert create(url, theirs, input="x", previous_response_id=first).status_code == 404
+        assert httpx.get(f"{url}/v1/responses/{first}", headers=theirs).status_code == 404
+        assert httpx.get(f"{url}/v1/responses/{first}", headers={"Authorization": "Bearer adm"}).status_code == 200
+    unstored = create(url0, mine, input="secret", store=False)
+    assert unstored.status_code == 200 and unstored.json()["store"] is False
+    for url in (url0, url1):
+        assert create(url, mine, input="x", previous_response_id=unstored.json()["id"]).status_code == 404
+    assert httpx.delete(f"{url1}/v1/responses/{first}", headers=theirs).status_code == 404
+    assert httpx.delete(f"{url1}/v1/responses/{first}", headers=mine).json()["deleted"] is True
+    for url in (url0, url1):  # replica 0 answered it and remembers it: the deletion still holds there
+        assert httpx.get(f"{url}/v1/responses/{first}", headers=mine).status_code == 404
+
+
 def _arm(name: str, weight: float, deployment: str = "b") -> dict:
     route = {"deployment": deployment, "upstream_model": "tiny", "checkpoint_version": name}
     return {"route": route, "weight": weight, "name": name}
