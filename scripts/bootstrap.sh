@@ -64,8 +64,19 @@ project() { $PIP install "$TORCH" "pydantic>=2.10.6,<=2.13.5" "kubernetes>=32.0.
 FLASHINFER="flashinfer-python==0.7.2.post1 nvidia-ml-py==13.615.71"
 flashinfer() { rm -rf "$VENV/extras/flashinfer"; $PIP install --no-deps --target "$VENV/extras/flashinfer" $FLASHINFER; }
 
+# Arize Phoenix, the OTLP receiver the trace export's test sends spans to
+# (tests/integration/test_otlp_phoenix.py): a venv of its own, since it needs openai 3.x and a
+# newer FastAPI than ours.
+PHOENIX="arize-phoenix==20.26.1"
+phoenix() {
+  rm -rf "$VENV/extras/phoenix"
+  "$PY" -m venv "$VENV/extras/phoenix"
+  "$VENV/extras/phoenix/bin/python" -m pip --disable-pip-version-check -q install "$PHOENIX"
+}
+
 step engine "$TORCH $VLLM" engine
 step dynamo "$DYNAMO $DYNAMO_DEPS" dynamo
 step flashinfer "$FLASHINFER" flashinfer
+step phoenix "$PHOENIX" phoenix
 step project "$(cat pyproject.toml deploy/engine/patches.py | sha256sum)" project
 log "ready: $VENV"
