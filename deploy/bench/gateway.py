@@ -4,6 +4,8 @@ relay in front of it, side by side.
     .venv/bin/flywheel up -p sim && .venv/bin/python -m deploy.bench.gateway [--rates 10,25,50,100]
         [--prompt-kb 512]   # an agent-sized conversation instead of "hi": the deployment's
                             # context must hold it (flywheel up -p sim --set worker.max_model_len=262144)
+        [--api responses|messages]  # the same conversation through that API's route in place
+                                    # of the minimal relay: what its translation adds over chat
 
 Open-loop load at each fixed rate (requests are sent on schedule whether or not earlier ones
 finished), streaming, with trace capture on (the gateway's normal path: durable spool, then
@@ -31,24 +33,34 @@ from deploy.bench import pct
 from serve.upstream_http import upstream_client
 
 PATHS = ("gw", "relay", "direct")
+ROUTES = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 
 
-def chat_body(prompt_kb: int) -> dict:
-    """A streamed chat request; with ``prompt_kb``, an agent-like conversation of about that many
-    KB (40 turns): the gateway reads, checks, forwards and stores all of it."""
+def conversation(prompt_kb: int) -> list[dict]:
+    """ "hi"; with ``prompt_kb``, an agent-like conversation of about that many KB (40 turns):
+    the gateway reads, checks, forwards and stores all of it."""
     messages = [{"role": "user", "content": "hi"}]
     if prompt_kb:
         turn = "x" * (prompt_kb * 1024 // 40)
         messages = [{"role": ("user", "assistant")[i % 2], "content": f"turn {i}: {turn}"} for i in range(39)]
         messages.append({"role": "user", "content": "hi"})
+    return messages
+
+
+def request_body(api: str, messages: list[dict]) -> dict:
+    """A streamed request of 4 tokens for ``messages`` in ``api``'s shape."""
+    if api == "responses":
+        return {"model": "tiny", "input": messages, "max_output_tokens": 4, "stream": True}
     return {"model": "tiny", "messages": messages, "max_tokens": 4, "stream": True}
 
 
 async def one(client: httpx.AsyncClient, url: str, out: dict, key: str, body: dict) -> None:
+    """One streamed request; its TTFT is the first data event (every API sends its first on the
+    engine's first chunk)."""
     t0 = time.perf_counter()
     first = None
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        async with client.stream("POST", url, json=body) as r:
             if r.status_code != 200:
                 out[key + "_errors"] += 1
                 return
@@ -62,7 +74,7 @@ async def one(client: httpx.AsyncClient, url: str, out: dict, key: str, body: di
     out[key + "_total"].append(time.perf_counter() - t0)
 
 
-async def run_rate(urls: dict[str, str], rate: float, seconds: float, body: dict) -> dict:
+async def run_rate(urls: dict[str, str], rate: float, seconds: float, bodies: dict[str, dict]) -> dict:
     out = {f"{p}_{m}": [] for p in PATHS for m in ("ttft", "total")}
     out.update({f"{p}_errors": 0 for p in PATHS})
     # the gateway's own client: TCP_NODELAY and quick ACKs, so no path shows the kernel's
@@ -76,7 +88,7 @@ async def run_rate(urls: dict[str, str], rate: float, seconds: float, body: dict
             if delay > 0:
                 await asyncio.sleep(delay)
             key = PATHS[i % len(PATHS)]
-            tasks.append(asyncio.create_task(one(client, urls[key], out, key, body)))
+            tasks.append(asyncio.create_task(one(client, urls[key], out, key, bodies[key])))
         achieved = n / (time.perf_counter() - start)
         await asyncio.gather(*tasks)
     row = {"rate": rate, "achieved_send_rate": round(achieved, 1), "errors": sum(out[f"{p}_errors"] for p in PATHS)}
@@ -90,6 +102,40 @@ async def run_rate(urls: dict[str, str], rate: float, seconds: float, body: dict
     return row
 
 
+def translation_ms(api: str, messages: list[dict], n: int = 2000) -> float:
+    """What ``api``'s translation costs one streamed request on the CPU, timed alone: its request
+    parsed and made chat, and a 4-token chat stream read back and turned into its events, as
+    ``serve/translate/chat_stream.py`` does (median of ``n``)."""
+    from serve import json_codec
+    from serve.api.completions import parsed
+    from serve.translate import messages as anthropic, responses
+
+    raw = json.dumps(request_body(api, messages)).encode()
+    chunks = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
+    chunks += [{"choices": [{"delta": {"content": f"tok{i} "}}]} for i in range(4)]
+    chunks += [
+        {"choices": [{"delta": {}, "finish_reason": "length"}]},
+        {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}},
+    ]
+    encoded = [json_codec.encode(c) for c in chunks]
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        if api == "messages":
+            req = parsed(anthropic.MessagesRequest, raw)
+            anthropic.chat_body(req)
+            stream = anthropic.MessagesStream("tr-" + "0" * 32, "tiny", req)
+        else:
+            req = parsed(responses.ResponsesRequest, raw)
+            responses.chat_body(req, [])
+            stream = responses.ResponsesStream("tr-" + "0" * 32, "tiny", req.model_dump(exclude_unset=True))
+        for c in encoded:
+            stream.chunk(json_codec.decode(c))
+        stream.done()
+        times.append(time.perf_counter() - t0)
+    return pct(times, 0.5) * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gateway", default="http://127.0.0.1:8000")
@@ -98,28 +144,39 @@ def main() -> None:
     ap.add_argument("--rates", default="10,25,50,100")
     ap.add_argument("--seconds", type=float, default=9.0)
     ap.add_argument("--prompt-kb", type=int, default=0, help="send a ~N KB agent conversation instead of 'hi'")
+    ap.add_argument("--api", choices=["chat", "responses", "messages"], default="chat", help="the third path: this API's route")
     args = ap.parse_args()
-    body = chat_body(args.prompt_kb)
-    relay_url = f"http://127.0.0.1:{args.relay_port}"
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "deploy.bench.relay", "--upstream", args.direct, "--port", str(args.relay_port)]
-    )
+    messages = conversation(args.prompt_kb)
+    chat = request_body("chat", messages)
+    bodies = {"gw": chat, "relay": chat, "direct": chat}
+    urls = {"gw": args.gateway + ROUTES["chat"], "direct": args.direct + ROUTES["chat"]}
+    relay = None
+    if args.api == "chat":
+        relay_url = f"http://127.0.0.1:{args.relay_port}"
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "deploy.bench.relay", "--upstream", args.direct, "--port", str(args.relay_port)]
+        )
+        urls["relay"] = relay_url + ROUTES["chat"]
+    else:  # the "relay" column is this API through the same gateway
+        urls["relay"] = args.gateway + ROUTES[args.api]
+        bodies["relay"] = request_body(args.api, messages)
     try:
-        for _ in range(100):
+        for _ in range(100 if relay else 0):
             try:
                 httpx.get(relay_url + "/docs", timeout=1)
                 break
             except httpx.TransportError:
                 time.sleep(0.1)
-        urls = {"gw": args.gateway, "relay": relay_url, "direct": args.direct}
-        asyncio.run(run_rate(urls, 10, 2, body))  # warm-up: connections, caches, first-request costs
-        rows = [asyncio.run(run_rate(urls, float(r), args.seconds, body)) for r in args.rates.split(",")]
+        asyncio.run(run_rate(urls, 10, 2, bodies))  # warm-up: connections, caches, first-request costs
+        rows = [asyncio.run(run_rate(urls, float(r), args.seconds, bodies)) for r in args.rates.split(",")]
     finally:
-        relay.terminate()
-        relay.wait(10)
+        if relay is not None:
+            relay.terminate()
+            relay.wait(10)
     print(json.dumps(rows, indent=2))
-    print(f"\nprompt: {len(json.dumps(body['messages'])) / 1024:.0f} KB")
-    print("TTFT (ms)  direct p50 / p99   added by the gateway p50 / p99   added by the minimal relay p50 / p99   errors")
+    print(f"\nprompt: {len(json.dumps(messages)) / 1024:.0f} KB")
+    third = "by the minimal relay" if args.api == "chat" else f"by {args.api} (chat's path + translation)"
+    print(f"TTFT (ms)  direct p50 / p99   added by the gateway p50 / p99   added {third} p50 / p99   errors")
     for r in rows:
         print(
             f"{r['rate']:>5.0f}/s   {r['ttft_p50_direct_ms']:>7.2f} / {r['ttft_p99_direct_ms']:<7.2f}"
@@ -134,6 +191,13 @@ def main() -> None:
     for r in rows:
         if r not in unsaturated:
             print(f"{r['rate']:.0f}/s: the deployment is saturated (direct p50 {r['ttft_p50_direct_ms']:.0f} ms)")
+    if args.api != "chat":
+        for r in unsaturated:
+            ttft, total = r["ttft_p50_relay_ms"] - r["ttft_p50_gw_ms"], r["total_p50_relay_ms"] - r["total_p50_gw_ms"]
+            print(
+                f"{r['rate']:.0f}/s: {args.api} over chat through the gateway, p50: TTFT {ttft:+.2f} ms, stream {total:+.2f} ms"
+            )
+        print(f"the translation alone, in process: {translation_ms(args.api, messages):.3f} ms a request (4-token stream)")
     ok = [r["rate"] for r in unsaturated if r["ttft_p99_gw_added_ms"] <= 5 and r["errors"] == 0]
     print(
         f"highest unsaturated rate with the gateway's added p99 TTFT <= 5 ms: {max(ok):.0f}/s"
