@@ -2,8 +2,10 @@
 
 Routes are declared at module level, one router per resource (``serve/api/``: completions,
 Responses, Messages, models, deployments, status, trace SQL, admin; the feedback and Batch APIs
-and the trace browser beside their parts), and reach the parts through ``serve.gateway_parts``. A completion request's whole way is
-``serve.api.completions.complete`` -> :class:`serve.forward.Forwarder`.
+and the trace browser beside their parts), and reach the parts through ``serve.gateway_parts``.
+A completion request's whole way is ``serve.api.completions.complete`` ->
+:class:`serve.forward.Forwarder`; a Responses or Messages request's is the same, from
+``serve.api.completions.forward_chat``.
 """
 
 from __future__ import annotations

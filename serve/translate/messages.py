@@ -154,12 +154,14 @@ def chat_messages(req: MessagesRequest | CountTokensRequest) -> list[dict]:
     out: list[dict] = []
     if req.system:
         out.append({"role": "system", "content": _text(req.system)})
-    for m in req.messages:
+    for i, m in enumerate(req.messages):
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
         texts = [b.text for b in m.content if isinstance(b, TextBlock)]
         if m.role == "assistant":
+            if any(isinstance(b, ToolResultBlock) for b in m.content):
+                raise APIError(400, "a tool_result block belongs in a user message", param=f"messages.{i}.content")
             calls = [
                 {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                 for b in m.content
@@ -172,7 +174,7 @@ def chat_messages(req: MessagesRequest | CountTokensRequest) -> list[dict]:
             continue
         for b in m.content:
             if isinstance(b, ToolUseBlock):
-                raise APIError(400, "a tool_use block belongs in an assistant message", param="messages")
+                raise APIError(400, "a tool_use block belongs in an assistant message", param=f"messages.{i}.content")
             if isinstance(b, ToolResultBlock):
                 text = _text(b.content)
                 out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": f"Error: {text}" if b.is_error else text})
