@@ -105,7 +105,7 @@ async def run_rate(urls: dict[str, str], rate: float, seconds: float, bodies: di
 def translation_ms(api: str, messages: list[dict], n: int = 2000) -> float:
     """What ``api``'s translation costs one streamed request on the CPU, timed alone: its request
     parsed and made chat, and a 4-token chat stream read back and turned into its events, as
-    ``serve/translate/chat_stream.py`` does (median of ``n``)."""
+    ``serve/translate/chat.py`` does (median of ``n``)."""
     from serve import json_codec
     from serve.api.completions import parsed
     from serve.translate import messages as anthropic, responses

@@ -20,7 +20,7 @@ from serve.errors import APIError, model_not_found
 from serve.forward import Stream
 from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
-from serve.translate.chat_stream import translated
+from serve.translate.chat import translated
 from serve.translate.messages import (
     AnthropicError,
     CountTokensRequest,

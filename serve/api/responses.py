@@ -18,13 +18,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from serve.api.completions import forward_chat, parsed
-from serve.auth import require_scope
+from serve.auth import Caller, require_scope
 from serve.capture import new_trace_id
 from serve.conversations import Turn
 from serve.forward import Stream
 from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
-from serve.translate.chat_stream import translated
+from serve.translate.chat import translated
 from serve.translate.responses import (
     ResponsesRequest,
     ResponsesStream,
@@ -39,10 +39,15 @@ from serve.translate.responses import (
 router = APIRouter()
 
 
+def _caller(request: Request, gw: GatewayParts) -> Caller:
+    caller = gw.caller(request)
+    require_scope(caller, "inference")  # a response is an inference key's, as is its conversation
+    return caller
+
+
 @router.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
 async def create_response(request: Request, gw: GatewayParts = Depends(parts)):
-    caller = gw.caller(request)
-    require_scope(caller, "inference")
+    caller = _caller(request, gw)
     raw = await request.body()
     req = parsed(ResponsesRequest, raw)
     earlier, session, parent = [], req.prompt_cache_key, None
@@ -96,7 +101,7 @@ async def create_response(request: Request, gw: GatewayParts = Depends(parts)):
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request, gw: GatewayParts = Depends(parts)):
-    turn = await gw.conversations.get(gw.caller(request), response_id)
+    turn = await gw.conversations.get(_caller(request, gw), response_id)
     rid = public_id(turn.trace_id)
     items = output_items(rid, turn.content, turn.tool_calls)
     return response_object(rid, turn.request, turn.alias, turn.created_at, items, turn.usage, turn.finish)
@@ -113,7 +118,7 @@ async def list_input_items(
 ):
     """The conversation's items up to this response (earlier turns included), newest first
     unless ``order=asc``, as OpenAI lists them."""
-    turn = await gw.conversations.get(gw.caller(request), response_id)
+    turn = await gw.conversations.get(_caller(request, gw), response_id)
     messages = turn.messages[1:] if turn.request.get("instructions") else turn.messages
     items = conversation_items(messages)
     if order == "desc":
@@ -133,6 +138,5 @@ async def list_input_items(
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request, gw: GatewayParts = Depends(parts)):
-    caller = gw.caller(request)
-    await gw.conversations.delete(caller, response_id)
+    await gw.conversations.delete(_caller(request, gw), response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})

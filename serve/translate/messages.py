@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from serve.errors import APIError
-from serve.translate.chat_stream import named_event
+from serve.translate.chat import chat_request, named_event
 
 # status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors)
 ERROR_TYPES = {
@@ -206,23 +206,20 @@ def chat_tools(req: MessagesRequest | CountTokensRequest) -> tuple[list[dict] | 
 
 
 def chat_body(req: MessagesRequest) -> dict:
-    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req), "max_tokens": req.max_tokens}
     tools, choice, parallel = chat_tools(req)
-    for key, value in (
-        ("tools", tools),
-        ("tool_choice", choice),
-        ("parallel_tool_calls", parallel),
-        ("stop", req.stop_sequences or None),
-        ("temperature", req.temperature),
-        ("top_p", req.top_p),
-        ("top_k", req.top_k),
-    ):
-        if value is not None:
-            body[key] = value
-    if req.stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
+    return chat_request(
+        req.model,
+        chat_messages(req),
+        req.stream,
+        max_tokens=req.max_tokens,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        stop=req.stop_sequences or None,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+    )
 
 
 def message_id(trace_id: str) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from serve.errors import APIError
-from serve.translate.chat_stream import named_event
+from serve.translate.chat import chat_request, named_event
 
 
 class TextFormat(BaseModel):
@@ -160,22 +160,18 @@ def chat_body(req: ResponsesRequest, earlier: list[dict]) -> dict:
     messages += input_messages(req.input)
     if not messages:
         raise APIError(400, "input is empty", param="input")
-    body: dict[str, Any] = {"model": req.model, "messages": messages}
     tools, choice = chat_tools(req)
-    for key, value in (
-        ("tools", tools),
-        ("tool_choice", choice),
-        ("parallel_tool_calls", req.parallel_tool_calls),
-        ("max_tokens", req.max_output_tokens),
-        ("temperature", req.temperature),
-        ("top_p", req.top_p),
-    ):
-        if value is not None:
-            body[key] = value
-    if req.stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
+    return chat_request(
+        req.model,
+        messages,
+        req.stream,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+    )
 
 
 def response_id(trace_id: str) -> str:

@@ -2,6 +2,7 @@
 the gateway, on ports that do not clash with a developer's own `flywheel up`."""
 
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -64,27 +65,24 @@ def openai_client(gateway_url):
     return OpenAI(base_url=f"{gateway_url}/v1", api_key="test-key", max_retries=0)
 
 
-@pytest.fixture(scope="module")
-def sim_stack(tmp_path_factory):
-    """Dynamo's mocker engine (2 workers) behind the real frontend and gateway."""
-    home = tmp_path_factory.mktemp("flywheel-sim")
-    cfg = load_config(
-        "sim",
-        [
-            f"home={home}",
-            "gateway.port=19000",
-            "frontend.port=19100",
-            "worker.system_port_base=19200",
-            "worker.nixl_port_base=15700",
-            "worker.speedup_ratio=20",
-        ],
-        environ={},
-    )
+@contextmanager
+def sim_stack_on(home, *overrides: str):
+    """A sim-profile stack under ``home`` (``overrides``: its ports and the rest), up for the
+    ``with`` block and stopped after it."""
+    cfg = load_config("sim", [f"home={home}", *overrides], environ={})
     up(cfg)
     try:
         yield cfg
     finally:
         down(cfg)
+
+
+@pytest.fixture(scope="module")
+def sim_stack(tmp_path_factory):
+    """Dynamo's mocker engine (2 workers) behind the real frontend and gateway."""
+    ports = ["gateway.port=19000", "frontend.port=19100", "worker.system_port_base=19200", "worker.nixl_port_base=15700"]
+    with sim_stack_on(tmp_path_factory.mktemp("flywheel-sim"), *ports, "worker.speedup_ratio=20") as cfg:
+        yield cfg
 
 
 @pytest.fixture

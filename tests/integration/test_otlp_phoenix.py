@@ -12,8 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.stack.config import load_config
-from deploy.stack.launcher import down, up
+from tests.integration.conftest import sim_stack_on
 
 pytestmark = pytest.mark.integration
 PHOENIX_PYTHON = Path(sys.prefix) / "extras" / "phoenix" / "bin" / "python"  # scripts/bootstrap.sh makes it
@@ -75,26 +74,17 @@ def phoenix(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exporting_stack(tmp_path_factory, phoenix):
     """The sim profile with ``gateway.otlp`` pointing at Phoenix."""
-    home = tmp_path_factory.mktemp("flywheel-otlp")
-    cfg = load_config(
-        "sim",
-        [
-            f"home={home}",
-            "gateway.port=19620",
-            "frontend.port=19600",
-            "worker.system_port_base=19610",
-            "worker.nixl_port_base=15900",
-            "worker.count=1",
-            "worker.speedup_ratio=20",
-            f"gateway.otlp.endpoint={phoenix.url}",
-        ],
-        environ={},
-    )
-    up(cfg)
-    try:
+    with sim_stack_on(
+        tmp_path_factory.mktemp("flywheel-otlp"),
+        "gateway.port=19620",
+        "frontend.port=19600",
+        "worker.system_port_base=19610",
+        "worker.nixl_port_base=15900",
+        "worker.count=1",
+        "worker.speedup_ratio=20",
+        f"gateway.otlp.endpoint={phoenix.url}",
+    ) as cfg:
         yield cfg
-    finally:
-        down(cfg)
 
 
 def requests(url: str, n: int, tag: str) -> list[httpx.Response]:

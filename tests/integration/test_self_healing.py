@@ -12,12 +12,11 @@ import time
 import httpx
 import pytest
 
-from deploy.stack.config import load_config
 from deploy.stack.launcher import down, status, up
 from deploy.stack.processes import ProcessManager, group_pids
 from deploy.stack.sockets import group_listening_ports
 from deploy.stack.supervisor import registered_ports
-from tests.integration.conftest import exposed_listeners
+from tests.integration.conftest import exposed_listeners, sim_stack_on
 from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
@@ -30,23 +29,11 @@ def healing(tmp_path_factory):
     spool.mkdir(parents=True)
     # the spool on a disk of its own, so a test can fill it or make it read-only
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(spool)], check=True)
-    cfg = load_config(
-        "sim",
-        [
-            f"home={home}",
-            "gateway.port=21000",
-            "frontend.port=21100",
-            "worker.system_port_base=21200",
-            "worker.speedup_ratio=1",
-            "supervisor.poll_s=0.5",
-        ],
-        environ={},
-    )
-    up(cfg)
+    ports = ["gateway.port=21000", "frontend.port=21100", "worker.system_port_base=21200"]
     try:
-        yield cfg
+        with sim_stack_on(home, *ports, "worker.speedup_ratio=1", "supervisor.poll_s=0.5") as cfg:
+            yield cfg
     finally:
-        down(cfg)
         subprocess.run(["umount", "-l", str(spool)], check=False)
 
 

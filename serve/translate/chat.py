@@ -1,5 +1,5 @@
-"""Reading the gateway's own chat stream back as objects, for a translator to re-emit as another
-API's typed events.
+"""What every translation shares: the chat request it builds, and the gateway's own chat stream
+read back as objects for a translator to re-emit as its API's typed events.
 
 The relay (``serve/relay.py``) yields one SSE event per piece: a chat chunk, an error object,
 or ``[DONE]``, which it sends only once the trace is stored. A translator therefore ends its
@@ -9,7 +9,7 @@ stream (``message_stop``, ``response.completed``) on the same promise.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from serve import json_codec
 
@@ -18,6 +18,17 @@ class Translator(Protocol):
     def chunk(self, obj: dict) -> list[bytes]: ...
     def done(self) -> list[bytes]: ...
     def failed(self, error: dict) -> list[bytes]: ...
+
+
+def chat_request(model: str, messages: list[dict], stream: bool, **fields) -> dict:
+    """A chat request: ``fields`` that are None left out; a stream asks for usage, which every
+    translated API reports at its end."""
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    body.update((k, v) for k, v in fields.items() if v is not None)
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
 
 
 def named_event(name: str, obj: dict) -> bytes:
