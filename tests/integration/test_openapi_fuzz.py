@@ -1,5 +1,6 @@
 """schemathesis over the gateway's own /openapi.json, as a team and as the admin, against a real
-(sim) deployment: no server error, and every 4xx in the OpenAI error shape."""
+(sim) deployment: no server error, and every 4xx in its route's error shape (OpenAI's; Anthropic's on
+the Messages routes)."""
 
 import os
 import re
