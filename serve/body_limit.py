@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import json
 
+from serve.errors import APIError, in_route_shape
+
 
 class BodyTooLarge(Exception):
     pass
 
 
-def too_large(limit: int) -> tuple[dict, bytes]:
-    body = json.dumps(
-        {
-            "error": {
-                "message": f"the request body is larger than {limit} bytes (gateway.max_body_bytes)",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "request_too_large",
-            }
-        }
-    ).encode()
+def too_large(limit: int, path: str = "") -> tuple[dict, bytes]:
+    err = APIError(413, f"the request body is larger than {limit} bytes (gateway.max_body_bytes)", code="request_too_large")
+    body = json.dumps(in_route_shape(path, err).body()).encode()
     start = {
         "type": "http.response.start",
         "status": 413,
@@ -41,7 +35,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send)
+            return await self._refuse(send, scope["path"])
         seen, started = 0, False
 
         async def counting_receive():
@@ -62,9 +56,9 @@ class BodyLimit:
             await self.app(scope, counting_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await self._refuse(send)
+                await self._refuse(send, scope["path"])
 
-    async def _refuse(self, send) -> None:
-        start, body = too_large(self.max_bytes)
+    async def _refuse(self, send, path: str) -> None:
+        start, body = too_large(self.max_bytes, path)
         await send(start)
         await send({"type": "http.response.body", "body": body})

@@ -1,7 +1,9 @@
-"""Errors in the OpenAI shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""Errors in the OpenAI shape: ``{"error": {"message", "type", "param", "code"}}``, and on the
+Messages routes in Anthropic's: ``{"type": "error", "error": {"type", "message"}}``.
 
-Every failure the gateway reports goes through :class:`APIError`, so clients (the ``openai``
-SDK included) always get a 4xx/5xx with a body they can parse, never a bare traceback.
+Every failure the gateway reports goes through :class:`APIError`, so clients (the ``openai`` and
+``anthropic`` SDKs included) always get a 4xx/5xx with a body they can parse, never a bare
+traceback. The handlers below give each route's errors its own shape (:func:`in_route_shape`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,43 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
+
+
+# status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors)
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_ROUTES = "/v1/messages"  # and /v1/messages/count_tokens
+
+
+class AnthropicError(APIError):
+    """An :class:`APIError` in Anthropic's shape."""
+
+    @classmethod
+    def of(cls, err: APIError) -> AnthropicError:
+        if isinstance(err, AnthropicError):
+            return err
+        out = cls(err.status, err.message, type=ANTHROPIC_TYPES.get(err.status, "api_error"), param=err.param, code=err.code)
+        out.headers = err.headers
+        return out
+
+    def body(self) -> dict:
+        return anthropic_error(self.type, self.message)
+
+
+def anthropic_error(kind: str, message: str) -> dict:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def in_route_shape(path: str, err: APIError) -> APIError:
+    return AnthropicError.of(err) if path.startswith(ANTHROPIC_ROUTES) else err
 
 
 class CapacityExceeded(APIError):
@@ -69,18 +108,19 @@ def _union_tag(part) -> bool:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError):
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError):
+        return in_route_shape(request.url.path, exc).response()
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError):
-        return invalid_request(exc.errors()).response()
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return in_route_shape(request.url.path, invalid_request(exc.errors())).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
+    async def _http(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, str(exc.detail), type=kind).response()
+        return in_route_shape(request.url.path, APIError(exc.status_code, str(exc.detail), type=kind)).response()
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
-        return APIError(500, f"Internal error in the gateway: {type(exc).__name__}: {exc}", type="server_error").response()
+    async def _unexpected(request: Request, exc: Exception):
+        err = APIError(500, f"Internal error in the gateway: {type(exc).__name__}: {exc}", type="server_error")
+        return in_route_shape(request.url.path, err).response()

@@ -3,26 +3,25 @@
 A request is translated (``serve/translate/messages.py``) to the chat request the gateway
 forwards, through ``serve.api.completions.forward_chat``: admission, budgets, affinity (by
 ``X-Session-ID``, else ``metadata.user_id``), the tool-call grammar, capture and outcomes are
-chat's. Every error on these routes is in Anthropic's shape; the key may come as ``x-api-key``.
+chat's. Every error on these routes is in Anthropic's shape (``serve.errors.in_route_shape``); the
+key may come as ``x-api-key``.
 """
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
 from serve.api.completions import forward_chat, parsed
 from serve.auth import require_scope
 from serve.capture import new_trace_id
 from serve.context_limit import count_prompt_tokens
-from serve.errors import APIError, model_not_found
+from serve.errors import model_not_found
 from serve.forward import Stream
 from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
 from serve.translate.chat import translated
 from serve.translate.messages import (
-    AnthropicError,
     CountTokensRequest,
     MessagesRequest,
     MessagesStream,
@@ -32,26 +31,11 @@ from serve.translate.messages import (
     message,
 )
 
-log = logging.getLogger(__name__)
 router = APIRouter()
-
-
-async def _in_anthropic_shape(answer):
-    try:
-        return await answer
-    except APIError as err:
-        raise AnthropicError.of(err) from None
-    except Exception as exc:  # our own bug, still in the shape the client parses
-        log.exception("unexpected error on a Messages route")
-        raise AnthropicError(500, f"Internal error in the gateway: {type(exc).__name__}: {exc}", type="api_error") from None
 
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest))
 async def create_message(request: Request, gw: GatewayParts = Depends(parts)):
-    return await _in_anthropic_shape(_create(request, gw))
-
-
-async def _create(request: Request, gw: GatewayParts):
     caller = gw.caller(request)
     require_scope(caller, "inference")
     raw = await request.body()
@@ -75,10 +59,6 @@ async def _create(request: Request, gw: GatewayParts):
 
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
 async def count_tokens(request: Request, gw: GatewayParts = Depends(parts)):
-    return await _in_anthropic_shape(_count(request, gw))
-
-
-async def _count(request: Request, gw: GatewayParts):
     """The prompt's tokens as the model's chat template renders it, tools included."""
     caller = gw.caller(request)
     require_scope(caller, "inference")

@@ -21,37 +21,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve.errors import APIError
+from serve.errors import APIError, anthropic_error
 from serve.translate.chat import chat_request, named_event
-
-# status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors)
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
-
-
-class AnthropicError(APIError):
-    """An :class:`APIError` in Anthropic's shape: ``{"type": "error", "error": {"type", "message"}}``."""
-
-    @classmethod
-    def of(cls, err: APIError) -> AnthropicError:
-        out = cls(err.status, err.message, type=ERROR_TYPES.get(err.status, "api_error"), param=err.param, code=err.code)
-        out.headers = err.headers
-        return out
-
-    def body(self) -> dict:
-        return anthropic_error(self.type, self.message)
-
-
-def anthropic_error(kind: str, message: str) -> dict:
-    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 class _Strict(BaseModel):

@@ -9,7 +9,8 @@ from anthropic.types import Message
 
 from serve.api.completions import parsed
 from serve.errors import APIError
-from serve.translate.messages import AnthropicError, MessagesRequest, MessagesStream, chat_body, message
+from serve.errors import AnthropicError
+from serve.translate.messages import MessagesRequest, MessagesStream, chat_body, message
 
 TOOL = {
     "name": "get_weather",
