@@ -86,12 +86,12 @@ class Turn:
         )
 
 
-def stored_turn(root: str, team: str | None, trace_id: str, limits: QueryLimits) -> dict | None:
-    """The trace row of a stored, answered Responses turn (run in a query worker)."""
+def stored_turn(root: str, trace_id: str, limits: QueryLimits) -> dict | None:
+    """The trace row of an answered Responses turn, whichever team's (run in a query worker)."""
     sql = f"SELECT {_COLUMNS} FROM traces WHERE trace_id = ? AND api = 'responses' AND http_status = 200"
     for _ in range(2):  # housekeeping may remove a file under a snapshot: one more on a new one
         try:
-            rows = scoped_query(scoped_store(root, team, limits), sql, 1, limits.timeout_s, [trace_id]).to_pylist()
+            rows = scoped_query(scoped_store(root, None, limits), sql, 1, limits.timeout_s, [trace_id]).to_pylist()
             return rows[0] if rows else None
         except SnapshotGone:
             continue
@@ -119,9 +119,7 @@ class Conversations:
         trace_id = trace_id_of(response_id)
         if trace_id is None or (self.deleted_dir / trace_id).exists():
             raise missing
-        turn = self._recent.get(trace_id)
-        if turn is None:
-            turn = await self._from_store(None if caller.admin else caller.team, trace_id)
+        turn = self._recent.get(trace_id) or await self._from_store(trace_id)
         if turn is None or not (caller.admin or turn.team == caller.team) or turn.request.get("store") is False:
             raise missing
         return turn
@@ -132,11 +130,13 @@ class Conversations:
         (self.deleted_dir / turn.trace_id).touch()
         self._recent.pop(turn.trace_id, None)
 
-    async def _from_store(self, team: str | None, trace_id: str) -> Turn | None:
+    async def _from_store(self, trace_id: str) -> Turn | None:
+        """Read across teams (the caller's team is checked after), so that another team's id is
+        a 404 at once rather than after ``wait_s``."""
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
-                row = await self.queries.run(stored_turn, self.traces_dir, team, trace_id, self.limits)
+                row = await self.queries.run(stored_turn, self.traces_dir, trace_id, self.limits)
             except Exception as exc:
                 failure = query_failure(exc, self.limits.timeout_s)
                 if failure is None:
