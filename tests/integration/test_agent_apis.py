@@ -159,6 +159,10 @@ def test_count_tokens_is_the_engines_prompt_and_the_rows_are_engine_exact(stack,
     assert row["prompt_token_ids"] == expected_prompt_ids(stack, [{"role": "system", "content": "You are terse."}, *ask])
     assert len(row["prompt_token_ids"]) == counted and len(row["completion_token_ids"]) == m.usage.output_tokens == 8
     assert row["response_content"] == m.content[0].text
+    with httpx.Client(base_url=stack.resolved_gateway().url, timeout=30) as browser:  # the trace browser shows it
+        browser.post("/ui/login", data={"key": stack.resolved_gateway().admin_key, "next": "/ui/traces"})
+        page = browser.get(f"/ui/traces/{trace_of(raw)}").text
+    assert "<dt>API</dt><dd>messages</dd>" in page and "The client&#39;s messages request" in page
 
 
 def _messages_case(gateway_url, tools, choice, stream) -> list[dict]:
