@@ -3,6 +3,7 @@ clients agents use: the official `openai`, `anthropic` and `openai-agents` SDKs.
 engine request, traced engine-exact like chat; every tool call returned is valid against its
 schema; bad input is a 4xx in the route's own error shape."""
 
+import asyncio
 import json
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -104,19 +105,30 @@ def test_an_openai_agents_agent_runs_its_function_tool_through_the_gateway(gatew
         calls.append(city)
         return "sunny"
 
-    client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key="test-key", max_retries=0)
-    agent = Agent(
-        name="forecaster",
-        instructions="Answer with the weather.",
-        tools=[get_weather],
-        model=OpenAIResponsesModel("tiny", client),
-        # required on the first turn; the SDK resets it to auto after the call, so the run ends
-        model_settings=ModelSettings(tool_choice="required", max_tokens=24),
-    )
-    result = Runner.run_sync(agent, "Weather in Oslo?", max_turns=4)
+    def agent() -> Agent:  # a client per event loop
+        return Agent(
+            name="forecaster",
+            instructions="Answer with the weather.",
+            tools=[get_weather],
+            model=OpenAIResponsesModel(
+                "tiny", openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key="test-key", max_retries=0)
+            ),
+            # required on the first turn; the SDK resets it to auto after the call, so the run ends
+            model_settings=ModelSettings(tool_choice="required", max_tokens=24),
+        )
+
+    result = Runner.run_sync(agent(), "Weather in Oslo?", max_turns=4)
     assert len(calls) >= 1 and all(isinstance(c, str) for c in calls)
     assert isinstance(result.final_output, str)
     assert [type(i).__name__ for i in result.new_items][:2] == ["ToolCallItem", "ToolCallOutputItem"]
+
+    async def streamed():
+        run = Runner.run_streamed(agent(), "Weather in Bergen?", max_turns=4)
+        kinds = {event.type async for event in run.stream_events()}
+        return run, kinds
+
+    run, kinds = asyncio.run(streamed())
+    assert "raw_response_event" in kinds and isinstance(run.final_output, str) and len(calls) >= 2
 
 
 def test_messages_create_and_stream_with_a_tool_round_trip(stack, claude):
