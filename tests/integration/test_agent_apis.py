@@ -106,6 +106,7 @@ def test_an_openai_agents_agent_runs_its_function_tool_through_the_gateway(gatew
         return "sunny"
 
     def agent() -> Agent:  # a client per event loop
+        client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key="test-key", max_retries=0)
         return Agent(
             name="forecaster",
             instructions="Answer with the weather.",
