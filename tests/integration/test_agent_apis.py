@@ -111,9 +111,7 @@ def test_an_openai_agents_agent_runs_its_function_tool_through_the_gateway(gatew
             name="forecaster",
             instructions="Answer with the weather.",
             tools=[get_weather],
-            model=OpenAIResponsesModel(
-                "tiny", openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key="test-key", max_retries=0)
-            ),
+            model=OpenAIResponsesModel("tiny", client),
             # required on the first turn; the SDK resets it to auto after the call, so the run ends
             model_settings=ModelSettings(tool_choice="required", max_tokens=24),
         )
