@@ -59,6 +59,12 @@ KEYS = [
     "sampling_params",
     "path",
     "key",
+    "input",  # the Responses and Messages APIs'
+    "instructions",
+    "previous_response_id",
+    "max_output_tokens",
+    "system",
+    "metadata",
 ]
 
 
@@ -119,6 +125,7 @@ def test_every_route_answers_hostile_bodies_with_a_4xx_in_its_shape(gateway):
         if r.status_code >= 400 and not path.startswith("/ui"):
             err = r.json()["error"]
             assert isinstance(err, dict) and err["message"] and "type" in err, (method, path, r.text[:300])
+            assert (r.json().get("type") == "error") == path.startswith("/v1/messages"), (path, r.text[:300])  # Anthropic's
 
     attack()
     print(f"\nstatuses: {dict(sorted(seen.items()))}; RSS {before:.0f} -> {rss_mb():.0f} MB")
