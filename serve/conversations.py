@@ -27,7 +27,7 @@ from serve.auth import Caller
 from serve.errors import APIError
 from serve.query_pool import QueryPool
 from serve.trace_query import QueryLimits, query_failure, scoped_query, scoped_store
-from serve.translate.responses import trace_id_of
+from serve.translate.responses_answer import trace_id_of
 from traces.store import SnapshotGone
 
 DELETED_DIR = "_responses_deleted"

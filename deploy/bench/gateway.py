@@ -108,7 +108,7 @@ def translation_ms(api: str, messages: list[dict], n: int = 2000) -> float:
     ``serve/translate/chat.py`` does (median of ``n``)."""
     from serve import json_codec
     from serve.api.completions import parsed
-    from serve.translate import messages as anthropic, responses
+    from serve.translate import messages as anthropic, messages_answer, responses, responses_answer
 
     raw = json.dumps(request_body(api, messages)).encode()
     chunks = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
@@ -124,11 +124,11 @@ def translation_ms(api: str, messages: list[dict], n: int = 2000) -> float:
         if api == "messages":
             req = parsed(anthropic.MessagesRequest, raw)
             anthropic.chat_body(req)
-            stream = anthropic.MessagesStream("tr-" + "0" * 32, "tiny", req)
+            stream = messages_answer.MessagesStream("tr-" + "0" * 32, "tiny", req)
         else:
             req = parsed(responses.ResponsesRequest, raw)
             responses.chat_body(req, [])
-            stream = responses.ResponsesStream("tr-" + "0" * 32, "tiny", req.model_dump(exclude_unset=True))
+            stream = responses_answer.ResponsesStream("tr-" + "0" * 32, "tiny", req.model_dump(exclude_unset=True))
         for c in encoded:
             stream.chunk(json_codec.decode(c))
         stream.done()

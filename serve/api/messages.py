@@ -1,6 +1,6 @@
 """Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
-A request is translated (``serve/translate/messages.py``) to the chat request the gateway
+A request is translated (``serve/translate/messages.py``, back: ``messages_answer.py``) to the chat request the gateway
 forwards, through ``serve.api.completions.forward_chat``: admission, budgets, affinity (by
 ``X-Session-ID``, else ``metadata.user_id``), the tool-call grammar, capture and outcomes are
 chat's. Every error on these routes is in Anthropic's shape (``serve.errors.in_route_shape``); the
@@ -21,15 +21,8 @@ from serve.forward import Stream
 from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
 from serve.translate.chat import translated
-from serve.translate.messages import (
-    CountTokensRequest,
-    MessagesRequest,
-    MessagesStream,
-    chat_body,
-    chat_messages,
-    chat_tools,
-    message,
-)
+from serve.translate.messages import CountTokensRequest, MessagesRequest, chat_body, chat_messages, chat_tools
+from serve.translate.messages_answer import MessagesStream, message
 
 router = APIRouter()
 

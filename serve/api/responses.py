@@ -1,7 +1,7 @@
 """OpenAI's Responses API: ``POST /v1/responses``, ``GET /v1/responses/{id}``,
 ``GET /v1/responses/{id}/input_items`` and ``DELETE /v1/responses/{id}``.
 
-A request is translated (``serve/translate/responses.py``) to the chat request the gateway
+A request is translated (``serve/translate/responses.py``, back: ``responses_answer.py``) to the chat request the gateway
 forwards, through ``serve.api.completions.forward_chat``: admission, budgets, the tool-call
 grammar, capture and outcomes are chat's. A conversation keeps one session (``X-Session-ID``,
 else ``prompt_cache_key``, else its first response's trace id), so its turns stay on one
@@ -25,10 +25,9 @@ from serve.forward import Stream
 from serve.gateway_parts import GatewayParts, parts
 from serve.openapi import json_body
 from serve.translate.chat import translated
-from serve.translate.responses import (
-    ResponsesRequest,
+from serve.translate.responses import ResponsesRequest, chat_body
+from serve.translate.responses_answer import (
     ResponsesStream,
-    chat_body,
     conversation_items,
     output_items,
     response,

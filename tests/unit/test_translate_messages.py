@@ -10,7 +10,8 @@ from anthropic.types import Message
 from serve.api.completions import parsed
 from serve.errors import APIError
 from serve.errors import AnthropicError
-from serve.translate.messages import MessagesRequest, MessagesStream, chat_body, message
+from serve.translate.messages import MessagesRequest, chat_body
+from serve.translate.messages_answer import MessagesStream, message
 
 TOOL = {
     "name": "get_weather",

@@ -14,15 +14,8 @@ from pydantic import TypeAdapter
 from serve.api.completions import parsed
 from serve.conversations import Turn
 from serve.errors import APIError
-from serve.translate.responses import (
-    ResponsesRequest,
-    ResponsesStream,
-    chat_body,
-    conversation_items,
-    response,
-    response_id,
-    trace_id_of,
-)
+from serve.translate.responses import ResponsesRequest, chat_body
+from serve.translate.responses_answer import ResponsesStream, conversation_items, response, response_id, trace_id_of
 
 TOOL = {"type": "function", "name": "add", "description": "adds", "parameters": {"type": "object"}, "strict": True}
 TRACE = "tr-" + "ef" * 16
