@@ -113,7 +113,10 @@ def count_prompt_tokens(messages: list[dict], tools: list[dict] | None, model_pa
     template = _chat_template(model_path) if model_path else None
     if template is not None:
         try:
-            return len(template.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True))
+            ids = template.apply_chat_template(
+                messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+            )
+            return len(ids)
         except Exception as exc:  # noqa: BLE001 - a template that cannot render this request
             raise APIError(400, f"the model's chat template cannot render these messages: {exc}", param="messages") from None
     tok = _tokenizer(model_path) if model_path else None

@@ -102,6 +102,7 @@ class MessagesRequest(_Strict):
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
     thinking: Thinking | None = None
+    cache_control: CacheControl | None = None  # the whole prompt's: cached anyway
 
 
 class CountTokensRequest(_Strict):
@@ -113,6 +114,7 @@ class CountTokensRequest(_Strict):
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    cache_control: CacheControl | None = None
 
 
 def _text(content: str | list[TextBlock] | None) -> str:
