@@ -128,7 +128,9 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
         gw.queries.close()
 
     app = Gateway(title="Flywheel gateway", lifespan=lifespan)
-    app.hot_path = HotPath(partial(completions.complete, gw), config.max_body_bytes)
+    hot = {path: partial(completions.complete, gw, operation) for path, (operation, *_) in completions.COMPLETIONS.items()}
+    hot |= {"/v1/responses": partial(responses.create, gw), "/v1/messages": partial(messages.create, gw)}
+    app.hot_path = HotPath(hot, config.max_body_bytes)
     app.cross_site = CrossSite(config)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.parts, app.state.full_weights = gw, FullWeights(config, gw.routes, gw.forwarder.reload_gate)

@@ -1,12 +1,13 @@
 """The completion routes as raw ASGI, ahead of FastAPI and its middleware.
 
-``POST /v1/chat/completions``, ``/v1/completions`` are the gateway's traffic; everything else
-(admin, traces, batches, the UI, ``/openapi.json``, which still documents these two routes) goes
-on to FastAPI. Profiled at 50 streams/s on the sim profile, FastAPI's layers around a streaming
+``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and ``/v1/messages`` are the
+gateway's traffic; everything else (admin, traces, batches, the UI, ``/openapi.json``, which
+still documents these routes) goes on to FastAPI. Profiled at 50 streams/s on the sim profile, FastAPI's layers around a streaming
 route (middleware wrapping every send and receive, routing, ``StreamingResponse`` and its anyio
 task group) were about as much event-loop time as everything the gateway does for the request.
 Here a request is read (refused with 413 past ``max_body_bytes``, as ``serve.body_limit`` does
-for the other routes), handed to ``serve`` and its answer written, with the same error shape.
+for the other routes), handed to its route's ``serve`` and its answer written, in the route's
+error shape (``serve.errors.in_route_shape``: Anthropic's on ``/v1/messages``).
 
 A client that hangs up mid-stream is noticed as Starlette notices it, by waiting on ``receive``
 beside the relay (from the first event sent on), so its deployment stream is closed at once and
@@ -22,20 +23,18 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI
 
 from serve import json_codec
-from serve.api.completions import COMPLETIONS
 from serve.body_limit import too_large
 from serve.cross_site import CrossSite
-from serve.errors import APIError
+from serve.errors import APIError, in_route_shape
 
 log = logging.getLogger(__name__)
 
-ROUTES = {path: operation for path, (operation, *_) in COMPLETIONS.items()}
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
-# serve(operation, headers as a dict of lower-case names, raw body) -> (answer, headers); the
-# answer is a JSON-able dict, or an object with ``.headers`` and an async iterator ``.body``
-Serve = Callable[[str, dict[str, str], bytes], Awaitable[tuple[object, dict[str, str]]]]
+# serve(headers as a dict of lower-case names, raw body) -> (answer, headers); the answer is a
+# JSON-able dict, or an object with ``.headers`` and an async iterator ``.body``
+Serve = Callable[[dict[str, str], bytes], Awaitable[tuple[object, dict[str, str]]]]
 
 
 def _headers(extra: dict[str, str], base: list) -> list:
@@ -53,20 +52,21 @@ class Gateway(FastAPI):
             refused = self.cross_site.refusal(scope)
             if refused is not None:
                 return await HotPath._json(send, refused.status, refused.body(), {})
-        if self.hot_path is not None and scope["type"] == "http" and scope["path"] in ROUTES and scope["method"] == "POST":
+        hot = self.hot_path
+        if hot is not None and scope["type"] == "http" and scope["path"] in hot.routes and scope["method"] == "POST":
             return await self.hot_path(scope, receive, send)
         await super().__call__(scope, receive, send)
 
 
 class HotPath:
-    """Reads a completion request (413 past ``max_body_bytes``), hands it to ``serve`` and writes
-    the answer: JSON, or the stream as it comes; every error in the OpenAI shape."""
+    """Reads a request (413 past ``max_body_bytes``), hands it to its path's ``serve`` and writes
+    the answer: JSON, or the stream as it comes; every error in the route's shape."""
 
-    def __init__(self, serve: Serve, max_body_bytes: int):
-        self.serve, self.max_body_bytes = serve, max_body_bytes
+    def __init__(self, routes: dict[str, Serve], max_body_bytes: int):
+        self.routes, self.max_body_bytes = routes, max_body_bytes
 
     async def __call__(self, scope, receive, send):
-        operation = ROUTES[scope["path"]]
+        path = scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         declared = headers.get("content-length", "")
         chunks, more, size = [], True, 0
@@ -81,17 +81,17 @@ class HotPath:
             size += len(chunks[-1])
             more = message.get("more_body", False) and size <= self.max_body_bytes
         if size > self.max_body_bytes:
-            start, body = too_large(self.max_body_bytes)
+            start, body = too_large(self.max_body_bytes, path)
             await send(start)
             return await send({"type": "http.response.body", "body": body})
         try:
-            answer, extra = await self.serve(operation, headers, b"".join(chunks))
+            answer, extra = await self.routes[path](headers, b"".join(chunks))
         except APIError as err:
-            return await self._json(send, err.status, err.body(), err.headers)
-        except Exception as exc:  # the OpenAI shape even for our own bugs, as FastAPI's handler
-            log.exception("unexpected error serving %s", operation)
+            return await self._json(send, err.status, in_route_shape(path, err).body(), err.headers)
+        except Exception as exc:  # the route's shape even for our own bugs, as FastAPI's handler
+            log.exception("unexpected error serving %s", path)
             err = APIError(500, f"Internal error in the gateway: {type(exc).__name__}: {exc}", type="server_error")
-            return await self._json(send, 500, err.body(), {})
+            return await self._json(send, 500, in_route_shape(path, err).body(), {})
         if isinstance(answer, dict):
             return await self._json(send, 200, answer, extra)
         await self._stream(receive, send, answer, extra)

@@ -56,12 +56,16 @@ async def complete(gw: GatewayParts, operation: str, headers: dict[str, str], ra
     return await gw.forwarder.forward(operation, body, ctx)
 
 
+def answered(result: dict | Stream, headers: dict[str, str]):
+    """A hot-path answer as FastAPI's response, for the routes as FastAPI declares them."""
+    if isinstance(result, Stream):
+        return StreamingResponse(result.body, media_type="text/event-stream", headers={**headers, **result.headers})
+    return JSONResponse(result, headers=headers)
+
+
 def _declare(path: str, operation: str, model, name: str) -> None:
     async def route(request: Request, gw: GatewayParts = Depends(parts)):
-        result, headers = await complete(gw, operation, dict(request.headers.items()), await request.body())
-        if isinstance(result, Stream):
-            return StreamingResponse(result.body, media_type="text/event-stream", headers=headers)
-        return JSONResponse(result, headers=headers)
+        return answered(*await complete(gw, operation, dict(request.headers.items()), await request.body()))
 
     router.add_api_route(path, route, methods=["POST"], name=name, openapi_extra=json_body(model))
 
@@ -91,6 +95,13 @@ def parsed(model: type[M], raw: bytes) -> M:
         return model.model_validate(body)
     except ValidationError as exc:
         raise invalid_request(exc.errors()) from None
+
+
+async def parsed_request(gw: GatewayParts, caller: Caller, model: type[M], raw: bytes) -> M:
+    """:func:`parsed`, in a thread (the team's turn) for a body past ``OFF_LOOP_BYTES``."""
+    if len(raw) > OFF_LOOP_BYTES:
+        return await gw.forwarder.turns.run(caller.team, parsed, model, raw)
+    return parsed(model, raw)
 
 
 async def forward_chat(

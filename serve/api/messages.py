@@ -10,10 +10,9 @@ key may come as ``x-api-key``.
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
-from serve.api.completions import forward_chat, parsed
-from serve.auth import require_scope
+from serve.api.completions import answered, forward_chat, parsed, parsed_request
+from serve.auth import authenticate_headers, require_scope
 from serve.capture import new_trace_id
 from serve.context_limit import count_prompt_tokens
 from serve.errors import model_not_found
@@ -29,15 +28,20 @@ router = APIRouter()
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest))
 async def create_message(request: Request, gw: GatewayParts = Depends(parts)):
-    caller = gw.caller(request)
+    return answered(*await create(gw, dict(request.headers.items()), await request.body()))
+
+
+async def create(gw: GatewayParts, headers: dict[str, str], raw: bytes) -> tuple[dict | Stream, dict[str, str]]:
+    """``POST /v1/messages``, from its raw body to the client's answer (the hot path's entry;
+    ``headers`` with lower-case names)."""
+    caller = authenticate_headers(headers, gw.config, gw.keys)
     require_scope(caller, "inference")
-    raw = await request.body()
-    req = parsed(MessagesRequest, raw)
+    req = await parsed_request(gw, caller, MessagesRequest, raw)
     trace_id = new_trace_id()
-    result, headers = await forward_chat(
+    result, answer_headers = await forward_chat(
         gw,
         caller,
-        request.headers,
+        headers,
         chat_body(req),
         trace_id=trace_id,
         api="messages",
@@ -45,9 +49,8 @@ async def create_message(request: Request, gw: GatewayParts = Depends(parts)):
         session_id=req.metadata.user_id if req.metadata else None,
     )
     if isinstance(result, Stream):
-        events = translated(result.body, MessagesStream(trace_id, req.model, req))
-        return StreamingResponse(events, media_type="text/event-stream", headers={**headers, **result.headers})
-    return JSONResponse(message(result, trace_id, req.model, req), headers=headers)
+        return Stream(result.headers, translated(result.body, MessagesStream(trace_id, req.model, req))), answer_headers
+    return message(result, trace_id, req.model, req), answer_headers
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))

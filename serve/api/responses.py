@@ -12,13 +12,14 @@ deployment's cache; ``previous_response_id`` is read back from the trace store
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from serve.api.completions import forward_chat, parsed
-from serve.auth import Caller, require_scope
+from serve.api.completions import answered, forward_chat, parsed_request
+from serve.auth import Caller, authenticate_headers, require_scope
 from serve.capture import new_trace_id
 from serve.conversations import Turn
 from serve.forward import Stream
@@ -38,27 +39,32 @@ from serve.translate.responses_answer import (
 router = APIRouter()
 
 
-def _caller(request: Request, gw: GatewayParts) -> Caller:
-    caller = gw.caller(request)
+def _caller(headers: Mapping[str, str], gw: GatewayParts) -> Caller:
+    caller = authenticate_headers(headers, gw.config, gw.keys)
     require_scope(caller, "inference")  # a response is an inference key's, as is its conversation
     return caller
 
 
 @router.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
 async def create_response(request: Request, gw: GatewayParts = Depends(parts)):
-    caller = _caller(request, gw)
-    raw = await request.body()
-    req = parsed(ResponsesRequest, raw)
+    return answered(*await create(gw, dict(request.headers.items()), await request.body()))
+
+
+async def create(gw: GatewayParts, headers: dict[str, str], raw: bytes) -> tuple[dict | Stream, dict[str, str]]:
+    """``POST /v1/responses``, from its raw body to the client's answer (the hot path's entry;
+    ``headers`` with lower-case names)."""
+    caller = _caller(headers, gw)
+    req = await parsed_request(gw, caller, ResponsesRequest, raw)
     earlier, session, parent = [], req.prompt_cache_key, None
     if req.previous_response_id:
         turn = await gw.conversations.get(caller, req.previous_response_id, param="previous_response_id")
         earlier, session, parent = turn.conversation(), session or turn.session, turn.trace_id
     body, trace_id = chat_body(req, earlier), new_trace_id()
     client_request = req.model_dump(exclude_unset=True)
-    result, headers = await forward_chat(
+    result, answer_headers = await forward_chat(
         gw,
         caller,
-        request.headers,
+        headers,
         body,
         trace_id=trace_id,
         api="responses",
@@ -69,7 +75,7 @@ async def create_response(request: Request, gw: GatewayParts = Depends(parts)):
 
     def turn(content: str | None, tool_calls: list[dict], finish: str | None, usage: dict, created_at: float) -> Turn:
         return Turn(
-            trace_id, caller.team, request.headers.get("x-session-id") or session or trace_id, req.model, client_request,
+            trace_id, caller.team, headers.get("x-session-id") or session or trace_id, req.model, client_request,
             body["messages"], content, tool_calls, finish, usage, created_at,
         )  # fmt: skip
 
@@ -86,21 +92,19 @@ async def create_response(request: Request, gw: GatewayParts = Depends(parts)):
             gw.conversations.remember(turn(content or None, calls, s.finish, s.usage or {}, s.created_at))
 
         stream.finished = finished
-        return StreamingResponse(
-            translated(result.body, stream), media_type="text/event-stream", headers={**headers, **result.headers}
-        )
+        return Stream(result.headers, translated(result.body, stream)), answer_headers
     created_at = time.time()
     msg = (result.get("choices") or [{}])[0].get("message") or {}
     finish = (result.get("choices") or [{}])[0].get("finish_reason")
     gw.conversations.remember(
         turn(msg.get("content"), msg.get("tool_calls") or [], finish, result.get("usage") or {}, created_at)
     )
-    return JSONResponse(response(result, trace_id, req.model, client_request, created_at), headers=headers)
+    return response(result, trace_id, req.model, client_request, created_at), answer_headers
 
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request, gw: GatewayParts = Depends(parts)):
-    turn = await gw.conversations.get(_caller(request, gw), response_id)
+    turn = await gw.conversations.get(_caller(request.headers, gw), response_id)
     rid = public_id(turn.trace_id)
     items = output_items(rid, turn.content, turn.tool_calls)
     return response_object(rid, turn.request, turn.alias, turn.created_at, items, turn.usage, turn.finish)
@@ -117,7 +121,7 @@ async def list_input_items(
 ):
     """The conversation's items up to this response (earlier turns included), newest first
     unless ``order=asc``, as OpenAI lists them."""
-    turn = await gw.conversations.get(_caller(request, gw), response_id)
+    turn = await gw.conversations.get(_caller(request.headers, gw), response_id)
     messages = turn.messages[1:] if turn.request.get("instructions") else turn.messages
     items = conversation_items(messages)
     if order == "desc":
@@ -137,5 +141,5 @@ async def list_input_items(
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request, gw: GatewayParts = Depends(parts)):
-    await gw.conversations.delete(_caller(request, gw), response_id)
+    await gw.conversations.delete(_caller(request.headers, gw), response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
