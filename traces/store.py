@@ -124,9 +124,20 @@ class TraceStore:
             self._lock_down()
 
     def refresh(self) -> None:
-        """Take a new snapshot: (re)define the views over the files there are now."""
+        """Take a new snapshot: (re)define the views over the files there are now. Defining a
+        view reads its files' footers: a file housekeeping removes between the listing and the
+        definition (a feedback compaction, at hundreds of posts a minute) means listing again,
+        up to ``RETRIES`` times."""
         if getattr(self, "_locked", False):
             raise RuntimeError("a sandboxed store is fixed at creation; open a new one")
+        for attempt in range(RETRIES + 1):
+            try:
+                return self._define_views()
+            except _READ_FAILED as exc:
+                if not _file_gone(exc) or attempt == RETRIES:
+                    raise
+
+    def _define_views(self) -> None:
         # The current layout is bound as an explicit list of files, so every query of this
         # snapshot reads the same files: a glob would be expanded again at each query and could
         # see a compaction's output beside its inputs.

@@ -101,3 +101,28 @@ def test_a_teams_snapshot_whose_feedback_files_were_compacted_away_says_so_and_a
     with pytest.raises(SnapshotGone):
         old.sql("SELECT reward FROM rewards")
     assert TraceStore(tmp_path, team="red").sql("SELECT reward FROM rewards").column("reward").to_pylist() == [1.0]
+
+
+def test_a_store_opened_while_feedback_files_are_compacted_away_lists_them_again(tmp_path, monkeypatch):
+    """A feedback file listed for a new snapshot and compacted away before its view is defined
+    (the canary controller met this: its look failed with DuckDB's "No files found"): the store
+    lists the files again and opens."""
+    import traces.store
+
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    writer.write({"trace_id": "t1", "team": "red", "http_status": 200, "prompt_token_ids": [1], "completion_token_ids": [2]})
+    writer.close()
+    feedback.write_feedback(tmp_path, [{"trace_id": "t1", "team": "red", "name": "reward", "reward": 1.0}])
+    listed, calls = traces.store.visible_files, []
+
+    def a_compaction_between(part):
+        files = listed(part)
+        calls.append(part)
+        if "_feedback" in str(part) and len([c for c in calls if "_feedback" in str(c)]) == 1:
+            return files + [part / "fb-compacted-away.parquet"]  # listed, then gone
+        return files
+
+    monkeypatch.setattr(traces.store, "visible_files", a_compaction_between)
+    store = TraceStore(tmp_path)
+    assert store.sql("SELECT reward FROM rewards").column("reward").to_pylist() == [1.0]
+    assert len([c for c in calls if "_feedback" in str(c)]) == 2  # listed twice
