@@ -31,6 +31,51 @@ def chat_request(model: str, messages: list[dict], stream: bool, **fields) -> di
     return body
 
 
+class ChatEvents:
+    """The walk both stream translators share: the chat chunks in order, each piece of text and
+    each tool call (whole, and checked, as ``serve/tools/response.py`` passes them) handed to
+    the subclass's hooks; the usage and how the engine stopped kept for the end. ``begin``
+    gives the stream's opening events once, before anything else."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.finish: str | None = None
+        self.matched: str | int | None = None  # the stop string or token the engine stopped on
+        self.usage: dict | None = None
+
+    def start(self) -> list[bytes]:
+        raise NotImplementedError
+
+    def text(self, piece: str) -> list[bytes]:
+        raise NotImplementedError
+
+    def call(self, call: dict) -> list[bytes]:
+        raise NotImplementedError
+
+    def close_text(self) -> list[bytes]:
+        raise NotImplementedError
+
+    def begin(self) -> list[bytes]:
+        if self.started:
+            return []
+        self.started = True
+        return self.start()
+
+    def chunk(self, obj: dict) -> list[bytes]:
+        out = self.begin()
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        for choice in obj.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                out += self.text(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                out += self.close_text() + self.call(call)
+            if choice.get("finish_reason"):
+                self.finish, self.matched = choice["finish_reason"], choice.get("stop_reason")
+        return out
+
+
 def named_event(name: str, obj: dict) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + json_codec.encode(obj) + b"\n\n"
 

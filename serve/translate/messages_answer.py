@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from serve.errors import anthropic_error
-from serve.translate.chat import named_event
+from serve.translate.chat import ChatEvents, named_event
 from serve.translate.messages import MessagesRequest
 
 
@@ -61,22 +61,17 @@ def message(chat: dict, trace_id: str, alias: str, req: MessagesRequest) -> dict
     }
 
 
-class MessagesStream:
+class MessagesStream(ChatEvents):
     """Chat chunks in, Messages stream events out: ``message_start``, a text block while text
     comes, one ``tool_use`` block per call (its input in one ``input_json_delta``: calls come
     whole, checked), ``message_delta`` with the stop reason and usage, ``message_stop``."""
 
     def __init__(self, trace_id: str, alias: str, req: MessagesRequest):
+        super().__init__()
         self.id, self.alias, self.req = message_id(trace_id), alias, req
-        self.started, self.text_open, self.blocks = False, False, 0
-        self.finish: str | None = None
-        self.matched = None
-        self.usage: dict | None = None
+        self.text_open, self.blocks = False, 0
 
-    def _start(self) -> list[bytes]:
-        if self.started:
-            return []
-        self.started = True
+    def start(self) -> list[bytes]:
         start = {
             "id": self.id,
             "type": "message",
@@ -89,45 +84,35 @@ class MessagesStream:
         }
         return [named_event("message_start", {"type": "message_start", "message": start})]
 
-    def _close_text(self) -> list[bytes]:
+    def close_text(self) -> list[bytes]:
         if not self.text_open:
             return []
         self.text_open = False
         self.blocks += 1
         return [named_event("content_block_stop", {"type": "content_block_stop", "index": self.blocks - 1})]
 
-    def chunk(self, obj: dict) -> list[bytes]:
-        out = self._start()
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-        for choice in obj.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                if not self.text_open:
-                    self.text_open = True
-                    block = {"type": "content_block_start", "index": self.blocks, "content_block": {"type": "text", "text": ""}}
-                    out.append(named_event("content_block_start", block))
-                text = {
-                    "type": "content_block_delta",
-                    "index": self.blocks,
-                    "delta": {"type": "text_delta", "text": delta["content"]},
-                }
-                out.append(named_event("content_block_delta", text))
-            for call in delta.get("tool_calls") or []:
-                out += self._close_text()
-                i = self.blocks
-                self.blocks += 1
-                use = {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": {}}
-                out.append(named_event("content_block_start", {"type": "content_block_start", "index": i, "content_block": use}))
-                args = {"type": "input_json_delta", "partial_json": call["function"]["arguments"] or "{}"}
-                out.append(named_event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": args}))
-                out.append(named_event("content_block_stop", {"type": "content_block_stop", "index": i}))
-            if choice.get("finish_reason"):
-                self.finish, self.matched = choice["finish_reason"], choice.get("stop_reason")
-        return out
+    def text(self, piece: str) -> list[bytes]:
+        out = []
+        if not self.text_open:
+            self.text_open = True
+            block = {"type": "content_block_start", "index": self.blocks, "content_block": {"type": "text", "text": ""}}
+            out.append(named_event("content_block_start", block))
+        delta = {"type": "content_block_delta", "index": self.blocks, "delta": {"type": "text_delta", "text": piece}}
+        return out + [named_event("content_block_delta", delta)]
+
+    def call(self, call: dict) -> list[bytes]:
+        i = self.blocks
+        self.blocks += 1
+        use = {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": {}}
+        args = {"type": "input_json_delta", "partial_json": call["function"]["arguments"] or "{}"}
+        return [
+            named_event("content_block_start", {"type": "content_block_start", "index": i, "content_block": use}),
+            named_event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": args}),
+            named_event("content_block_stop", {"type": "content_block_stop", "index": i}),
+        ]
 
     def done(self) -> list[bytes]:
-        out = self._start() + self._close_text()
+        out = self.begin() + self.close_text()
         stop_reason, stop_sequence = _stop(self.finish, self.matched, self.req.stop_sequences)
         delta = {
             "type": "message_delta",

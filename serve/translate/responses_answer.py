@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Callable
 
-from serve.translate.chat import named_event
+from serve.translate.chat import ChatEvents, named_event
 
 
 def response_id(trace_id: str) -> str:
@@ -135,7 +135,7 @@ def conversation_items(messages: list[dict]) -> list[dict]:
     return items
 
 
-class ResponsesStream:
+class ResponsesStream(ChatEvents):
     """Chat chunks in, Responses stream events out: ``response.created``, ``.in_progress``, a
     message item with its ``output_text`` deltas while text comes, one ``function_call`` item
     per call (its arguments in one delta: calls come whole, checked), ``response.completed``
@@ -143,14 +143,12 @@ class ResponsesStream:
     deployment fails mid-stream."""
 
     def __init__(self, trace_id: str, alias: str, req: dict):
+        super().__init__()
         self.rid, self.alias, self.req = response_id(trace_id), alias, req
         self.created_at = time.time()
         self.seq = 0
-        self.started = False
         self.output: list[dict] = []
-        self.text: list[str] | None = None  # the open message item's text
-        self.finish: str | None = None
-        self.usage: dict | None = None
+        self.open_text: list[str] | None = None  # the open message item's text
         self.finished: Callable[[ResponsesStream], None] | None = None  # called once the answer is whole
 
     def _event(self, kind: str, **fields) -> bytes:
@@ -161,19 +159,16 @@ class ResponsesStream:
     def _snapshot(self, status: str) -> dict:
         return response_object(self.rid, self.req, self.alias, self.created_at, self.output, self.usage, self.finish, status)
 
-    def _start(self) -> list[bytes]:
-        if self.started:
-            return []
-        self.started = True
+    def start(self) -> list[bytes]:
         return [
             self._event("response.created", response=self._snapshot("in_progress")),
             self._event("response.in_progress", response=self._snapshot("in_progress")),
         ]
 
-    def _close_text(self) -> list[bytes]:
-        if self.text is None:
+    def close_text(self) -> list[bytes]:
+        if self.open_text is None:
             return []
-        text, self.text = "".join(self.text), None
+        text, self.open_text = "".join(self.open_text), None
         i = len(self.output) - 1
         item = self.output[i] = _message_item(self.rid, text)
         part = item["content"][0] if item["content"] else {"type": "output_text", "text": "", "annotations": []}
@@ -184,52 +179,42 @@ class ResponsesStream:
             self._event("response.output_item.done", output_index=i, item=item),
         ]
 
-    def chunk(self, obj: dict) -> list[bytes]:
-        out = self._start()
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-        for choice in obj.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                if self.text is None:
-                    self.text = []
-                    self.output.append(_message_item(self.rid, "", status="in_progress"))
-                    i, item = len(self.output) - 1, self.output[-1]
-                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                    out.append(self._event("response.output_item.added", output_index=i, item=item))
-                    out.append(
-                        self._event("response.content_part.added", item_id=item["id"], output_index=i, content_index=0, part=part)
-                    )
-                self.text.append(delta["content"])
-                at = {"item_id": self.output[-1]["id"], "output_index": len(self.output) - 1, "content_index": 0}
-                out.append(self._event("response.output_text.delta", **at, delta=delta["content"], logprobs=[]))
-            for call in delta.get("tool_calls") or []:
-                out += self._close_text()
-                i = len(self.output)
-                n_calls = sum(1 for item in self.output if item["type"] == "function_call")
-                done = _call_item(self.rid, n_calls, call)
-                self.output.append(done)
-                added = {**done, "arguments": "", "status": "in_progress"}
-                out.append(self._event("response.output_item.added", output_index=i, item=added))
-                at = {"item_id": done["id"], "output_index": i}
-                out.append(self._event("response.function_call_arguments.delta", **at, delta=done["arguments"]))
-                out.append(
-                    self._event("response.function_call_arguments.done", **at, arguments=done["arguments"], name=done["name"])
-                )
-                out.append(self._event("response.output_item.done", output_index=i, item=done))
-            if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
-        return out
+    def text(self, piece: str) -> list[bytes]:
+        out = []
+        if self.open_text is None:
+            self.open_text = []
+            self.output.append(_message_item(self.rid, "", status="in_progress"))
+            i, item = len(self.output) - 1, self.output[-1]
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            out.append(self._event("response.output_item.added", output_index=i, item=item))
+            out.append(self._event("response.content_part.added", item_id=item["id"], output_index=i, content_index=0, part=part))
+        self.open_text.append(piece)
+        at = {"item_id": self.output[-1]["id"], "output_index": len(self.output) - 1, "content_index": 0}
+        return out + [self._event("response.output_text.delta", **at, delta=piece, logprobs=[])]
+
+    def call(self, call: dict) -> list[bytes]:
+        i = len(self.output)
+        n_calls = sum(1 for item in self.output if item["type"] == "function_call")
+        done = _call_item(self.rid, n_calls, call)
+        self.output.append(done)
+        added = {**done, "arguments": "", "status": "in_progress"}
+        at = {"item_id": done["id"], "output_index": i}
+        return [
+            self._event("response.output_item.added", output_index=i, item=added),
+            self._event("response.function_call_arguments.delta", **at, delta=done["arguments"]),
+            self._event("response.function_call_arguments.done", **at, arguments=done["arguments"], name=done["name"]),
+            self._event("response.output_item.done", output_index=i, item=done),
+        ]
 
     def done(self) -> list[bytes]:
-        out = self._start() + self._close_text()
+        out = self.begin() + self.close_text()
         status = "incomplete" if self.finish == "length" else "completed"
         if self.finished is not None:
             self.finished(self)
         return out + [self._event(f"response.{status}", response=self._snapshot(status))]
 
     def failed(self, error: dict) -> list[bytes]:
-        out = self._start() + self._close_text()
+        out = self.begin() + self.close_text()
         code, message = error.get("code") or "server_error", str(error.get("message") or error)
         failed = self._snapshot("failed")
         failed["error"] = {"code": code, "message": message}
