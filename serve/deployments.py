@@ -16,6 +16,12 @@ A deployment is routable (its ``served_model`` in the alias table, visible to it
 while RUNNING or SCALING. Replica time is charged from RUNNING on: every report, scale and delete
 charges the replicas ready since the last charge. A deployment of a served base model may spill to
 the serverless deployment of that model (``overflow: "serverless"``, :meth:`Deployments.spill_to`).
+
+A *shared* deployment (``team`` null; the admin's ``shared: true``) is the platform's serverless
+capacity rather than a team's: a blue-green deploy (deploy/stack/bluegreen.py) starts one on a
+checkpoint and moves the profile's aliases to it. It has no route of its own and no replica-time
+bill (its requests are charged by the token, as on any serverless model), and it cannot be deleted
+while an alias routes to it. The profile's own graph holds its slots while an alias routes to it.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ HISTORY_KEPT = 500
 ID_PREFIX = "dep-"
 LOCK = "flywheel:deployments:lock"
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+SHARED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")  # a served model name, as profiles set one
 TEAM = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as serve/keys.py allows
 
 
@@ -72,7 +79,7 @@ class DedicatedDeployment(BaseModel):
     id: str
     object: Literal["deployment"] = "deployment"
     name: str
-    team: str
+    team: str | None = Field(description="whose it is; null: shared, the platform's serverless capacity (blue-green)")
     model: str = Field(description="what the create asked for: a checkpoint version or a served base model")
     checkpoint_version: str
     served_model: str = Field(description="the name to send as `model`")
@@ -126,6 +133,9 @@ class CreateRequest(StrictModel):
         "replicas are at target_concurrency, spill requests to the serverless deployment of that model",
     )
     team: str | None = Field(None, description="admin only: whose deployment")
+    shared: bool = Field(
+        False, description="admin only: the platform's serverless capacity, no team's: aliases are pointed at it (blue-green)"
+    )
 
 
 class ScaleRequest(StrictModel):
@@ -170,7 +180,9 @@ class Deployments:
 
     def pool(self) -> dict:
         """Slots in all, held and free."""
-        held = self.config.pool.serverless_slots + sum(
+        static = {d.name for d in self.static}
+        routed = any(static & _targets(route) for route in self.routes.values())
+        held = self.config.pool.serverless_slots * routed + sum(
             d.replicas.held * d.slots_per_replica for d in self.table.values() if d.status in HOLDS_SLOTS
         )
         total = self.config.pool.slots or 0
@@ -198,9 +210,14 @@ class Deployments:
         team = req.team if (caller.admin and req.team) else caller.team
         if req.team and not caller.admin and req.team != caller.team:
             raise APIError(403, "only the admin key creates deployments for another team", param="team", type="permission_error")
+        if req.shared and not caller.admin:
+            raise APIError(403, "only the admin key creates shared deployments", param="shared", type="permission_error")
+        if req.shared and (req.team or req.overflow):
+            raise APIError(400, "a shared deployment has no team and no overflow", param="shared")
         if not TEAM.match(team):
             raise APIError(400, f"invalid team {team!r}: letters, digits, '-' and '_'", param="team")
         version, model_path, lora_path = self._resolve(caller, team, req.model)
+        team = None if req.shared else team
         if req.overflow and version != "base":
             raise APIError(
                 400,
@@ -209,13 +226,15 @@ class Deployments:
                 param="overflow",
             )
         name = req.name or version
-        if not NAME.match(name):
+        if not (SHARED_NAME if req.shared else NAME).match(name):
             raise APIError(400, f"invalid name {name!r}: lower-case letters, digits, '.', '_' and '-', at most 63", param="name")
         wanted = self._wanted(req.replicas, req.autoscale)
         with self._exclusive():
-            served = f"{team}/{name}"
+            # a shared deployment's name is the model its engines serve (the alias's upstream model);
+            # it has no route of its own, so two may share one (the old and the new of a blue-green)
+            served = name if req.shared else f"{team}/{name}"
             taken = served in self.routes and not self.routes[served].deployment.startswith(ID_PREFIX)  # an alias
-            if taken or any(d.served_model == served for d in self.table.values()):
+            if not req.shared and (taken or any(d.served_model == served for d in self.table.values())):
                 raise APIError(409, f"team {team!r} already has a deployment named {name!r}", param="name", code="conflict")
             self._fit(wanted.desired * self.config.pool.slots_per_replica)
             dep = DedicatedDeployment(
@@ -263,6 +282,14 @@ class Deployments:
         """Out of routing now; the supervisor stops the graph once its requests have finished."""
         with self._exclusive():
             dep = self.get(caller, dep_id).model_copy(deep=True)
+            aliases = self._aliases_on(dep)
+            if aliases:
+                raise APIError(
+                    409,
+                    f"aliases {aliases} route to {dep_id}: move them first (flywheel checkpoint deploy), "
+                    "or their requests would find nothing",
+                    code="conflict",
+                )
             if dep.status != "DELETING":
                 self._bill(dep, time.time())
                 dep.status, dep.reason = "DELETING", None
@@ -325,6 +352,11 @@ class Deployments:
 
     # -- inside -----------------------------------------------------------------------------------
 
+    def _aliases_on(self, dep: DedicatedDeployment) -> list[str]:
+        """The aliases (other than the deployment's own route) that send requests to ``dep``."""
+        own = dep.served_model if dep.team is not None else None
+        return sorted(a for a, r in self.routes.items() if a != own and dep.id in _targets(r))
+
     @contextmanager
     def _exclusive(self):
         """One change at a time across every replica (a Redis lock, when there is Redis), made on
@@ -350,7 +382,7 @@ class Deployments:
     def _bill(self, dep: DedicatedDeployment, now: float) -> None:
         """Charge the replicas ready (or draining) since the last charge; stop the deployment when
         its team's budget is spent."""
-        if dep.status not in ROUTABLE or dep.billed_until is None:
+        if dep.status not in ROUTABLE or dep.billed_until is None or dep.team is None:
             return
         replica_s = (dep.replicas.ready + dep.replicas.draining) * max(0.0, now - dep.billed_until)
         dep.billed_until = now
@@ -400,6 +432,10 @@ class Deployments:
 
     def _resolve(self, caller: Caller, team: str, model: str) -> tuple[str, str, str | None]:
         """``model`` as (checkpoint version, the weights its workers start on, its adapter)."""
+        if model == "base" and caller.admin:  # the profile's own weights (a blue-green deploy back to them)
+            dep = next((d for d in self.static if d.model_path), None)
+            if dep is not None:
+                return "base", dep.model_path, None
         ckpt = _registered(self.config.checkpoints_file).get(model)
         if ckpt is not None:
             if ckpt.get("team") not in (None, team) and not caller.admin:
@@ -431,9 +467,10 @@ class Deployments:
             self.config.capacity[d.id] = Capacity(max_requests=64 * max(1, d.replicas.desired))
         if not routes:
             return
-        want = {d.served_model: d for d in dedicated if d.status in ROUTABLE}
-        for alias, route in list(self.routes.items()):
-            if route.deployment.startswith(ID_PREFIX) and alias not in want:
+        want = {d.served_model: d for d in dedicated if d.status in ROUTABLE and d.team is not None}
+        shared = {d.id for d in self.table.values() if d.team is None}
+        for alias, route in list(self.routes.items()):  # an alias moved to a shared deployment stays
+            if route.deployment.startswith(ID_PREFIX) and alias not in want and route.deployment not in shared:
                 del self.routes[alias]
         for alias, d in want.items():
             route = ModelRoute(
@@ -446,6 +483,12 @@ class Deployments:
             )
             if self.routes.get(alias) != route:
                 self.routes[alias] = route
+
+
+def _targets(route: ModelRoute) -> set[str]:
+    """The deployments a route sends requests to: its own (and fallbacks), and each arm's."""
+    arms = [a.route for a in route.split or []]
+    return {route.deployment, *route.fallbacks} | {d for r in arms for d in (r.deployment, *r.fallbacks)}
 
 
 def _registered(path: str | None) -> dict[str, dict]:

@@ -166,7 +166,7 @@ def deployments_list(
     for d in got["data"]:
         r = d["replicas"]
         table.add_row(
-            d["id"], d["team"], d["served_model"], d["checkpoint_version"], d["status"],
+            d["id"], d["team"] or "(shared)", d["served_model"], d["checkpoint_version"], d["status"],
             f"{r['ready']}/{r['desired']}", f"{d['replica_seconds'] / 3600:.4f}", f"{d['cost_usd']:.4f}",
         )  # fmt: skip
     console.print(table)

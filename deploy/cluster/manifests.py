@@ -251,7 +251,7 @@ def render_dedicated(cfg: StackConfig, deployments: list[dict]) -> list[dict]:
                 "metadata": {
                     "name": f"{c.name}-{dep['id']}",
                     "namespace": c.namespace,
-                    "labels": {"app.kubernetes.io/part-of": "flywheel", "flywheel/team": dep["team"]},
+                    "labels": {"app.kubernetes.io/part-of": "flywheel", "flywheel/team": dep["team"] or "shared"},
                     "annotations": {
                         "flywheel/served-model": dep["served_model"],
                         "flywheel/checkpoint-version": dep["checkpoint_version"],
