@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.nvfp4 import BLOCK, E4M3_MAX, NVFP4Tensor, _check_finite, dequantize, quantize
+from kernels.nvfp4 import BLOCK, E4M3_MAX, NVFP4Tensor, ScaleRule, _check_finite, dequantize, quantize
 
 LATENT, ROPE = 512, 64
 LATENT_BYTES, SCALE_BYTES, ROPE_BYTES = LATENT // 2, LATENT // BLOCK, ROPE
@@ -31,12 +31,18 @@ class MLARows:
     rope_scale: torch.Tensor  # fp32 scalar
 
 
-def pack_rows(kv: torch.Tensor, latent_scale: torch.Tensor | None = None, rope_scale: torch.Tensor | None = None) -> MLARows:
-    """[n, 576] (latent then rope) -> [n, 352] bytes."""
+def pack_rows(
+    kv: torch.Tensor,
+    latent_scale: torch.Tensor | None = None,
+    rope_scale: torch.Tensor | None = None,
+    scale_rule: ScaleRule = "amax",
+) -> MLARows:
+    """[n, 576] (latent then rope) -> [n, 352] bytes; ``scale_rule``: how each latent block's
+    scale is chosen (kernels/nvfp4.py), the bytes' layout the same either way."""
     if kv.shape[-1] != LATENT + ROPE:
         raise ValueError(f"an MLA row has {LATENT + ROPE} values, got {kv.shape[-1]}")
     _check_finite(kv)
-    q = quantize(kv[:, :LATENT], latent_scale)
+    q = quantize(kv[:, :LATENT], latent_scale, scale_rule)
     rope = kv[:, LATENT:].float()
     rs = rope_scale if rope_scale is not None else torch.clamp(rope.abs().max() / E4M3_MAX, min=1e-12)
     rope_fp8 = (rope / rs).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
