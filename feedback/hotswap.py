@@ -8,7 +8,8 @@ pointed at when it arrived.
 
 A full checkpoint of a different architecture or size goes blue-green (:meth:`HotSwap.blue_green`):
 a new deployment starts on it beside the serving one, the aliases move across, the old one drains
-and is stopped; :class:`Slots` is the process side (deploy/stack/bluegreen.py).
+and is stopped; :class:`Slots` is the process side (deploy/stack/bluegreen.py: a shared deployment
+like any other).
 
 A full checkpoint of the same shape is reloaded in place (``/update_weights``: the deployment pauses only for the
 reload, its requests are frozen rather than failed) and every alias serving the deployment's base
@@ -170,7 +171,7 @@ class HotSwap:
                 f"aliases {stranded} serve adapters of {old}'s base weights: move them "
                 "first (they cannot follow to another checkpoint)"
             )
-        new = slots.start_beside(ckpt.path if ckpt else None)
+        new, upstream = slots.start_beside(version)
         path = str(Path(ckpt.path).resolve()) if ckpt else self.base_model_path
         try:
             for a in moving:
@@ -178,7 +179,7 @@ class HotSwap:
                     f"/admin/models/{a}",
                     {
                         "deployment": new,
-                        "upstream_model": self.base_model_name,
+                        "upstream_model": upstream,
                         "checkpoint_version": version,
                         "weight_dir": path,
                     },
@@ -227,6 +228,6 @@ class HotSwap:
 class Slots(Protocol):
     """The process side of a blue-green deploy (deploy/stack/bluegreen.py)."""
 
-    def start_beside(self, weight_dir: str | None) -> str: ...  # the new deployment's name, serving
+    def start_beside(self, version: str) -> tuple[str, str]: ...  # the new deployment and its model name, serving
     def retire(self, old: str, version: str) -> None: ...  # the new one is the stack's; stop old
     def abandon(self, new: str) -> None: ...  # stop the new one (the deploy failed)

@@ -6,7 +6,9 @@ blue-green deploy, side by side in one run on the running stack.
 For each kind: open-loop chat requests at ``--rate`` for ``--seconds`` before the swap, during it
 and ``--seconds`` after; prints the swap's duration, p50/p99 latency of the requests sent in each
 phase, and failed requests (any non-200). The alias goes back to the base model after each kind
-(after blue-green, by a blue-green deploy of the base model back to the first slot).
+(after blue-green, by a blue-green deploy of the base model back to the profile's graph). The
+blue-green checkpoint is registered in the stack's own registry and kept under ``<home>/bench/``:
+the gateway makes the deployment it runs on from that registry.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -100,12 +103,16 @@ def main() -> None:
             swap.reset("tiny")
             if kind == "lora":  # its directory goes with this run: leave no alias naming it
                 swap.unload_adapter("tiny", version)
-        version = f"bench-full-{stamp}"
+        version = f"bench-blue-green-{stamp}"
+        kept = cfg.home_path / "bench" / version
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        stacks = Registry(gw.checkpoints_file)
+        stacks.register(version, "full", shutil.move(made["full"], kept), str(cfg.model_path))
+        bg = HotSwap(gateway, gw.admin_key, stacks, gw.deployments[0].name, cfg.worker.served_model_name, cfg.model_path)
         report["blue-green"] = asyncio.run(
-            around(gateway, args.rate, args.seconds, lambda: swap.blue_green("tiny", version, BlueGreen(cfg)))
+            around(gateway, args.rate, args.seconds, lambda: bg.blue_green("tiny", version, BlueGreen(cfg), record=False))
         )
-        back = load_config(args.profile, args.overrides)  # the stack now runs the other slot
-        swap.blue_green("tiny", BASE, BlueGreen(back))
+        bg.blue_green("tiny", BASE, BlueGreen(cfg), record=False)
     print(json.dumps(report, indent=2))
 
 

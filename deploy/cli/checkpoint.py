@@ -6,22 +6,36 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import httpx
 import typer
 from rich.table import Table
 
 from deploy.cli.common import ProfileOpt, SetOpt, _config, console
 from deploy.stack.config import StackConfig
+from deploy.stack.serverless import retired
 
 ckpt_app = typer.Typer(no_args_is_help=True, help="Checkpoints: register, list, deploy, split, canary, rollback.")
 
 
-def _swap(cfg: StackConfig):
+def _swap(cfg: StackConfig, alias: str | None = None):
     from feedback.hotswap import HotSwap
     from feedback.registry import Registry
 
     gw = cfg.resolved_gateway()
     registry = Registry(gw.checkpoints_file)
-    return registry, HotSwap(gw.url, gw.admin_key, registry, cfg.deployment_name, cfg.worker.served_model_name, cfg.model_path)
+    deployment = cfg.deployment_name
+    if retired(cfg.run_dir) is not None:  # a blue-green deploy moved the alias to a shared deployment
+        deployment = _routed_to(gw, alias or cfg.worker.served_model_name) or deployment
+    return registry, HotSwap(gw.url, gw.admin_key, registry, deployment, cfg.worker.served_model_name, cfg.model_path)
+
+
+def _routed_to(gw, alias: str) -> str | None:
+    """The deployment ``alias`` routes to now, if the gateway answers."""
+    try:
+        r = httpx.get(f"{gw.url}/admin/models", headers={"Authorization": f"Bearer {gw.admin_key}"}, timeout=10)
+        return (r.json().get(alias) or {}).get("deployment") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 StrategyOpt = typer.Option(
@@ -112,7 +126,7 @@ def ckpt_deploy(
         create(Api(profile, set_, None, None), version, alias, {"replicas": replicas}, owner, wait)
         return
     _check_strategy(strategy)
-    _, swap = _swap(cfg)
+    _, swap = _swap(cfg, alias)
     try:
         if strategy == "blue-green":
             from deploy.stack.bluegreen import BlueGreen
@@ -146,7 +160,7 @@ def ckpt_split(
         except ValueError:
             raise typer.BadParameter(f"{item!r}: give VERSION=WEIGHT, e.g. v4=0.1") from None
     cfg = _config(profile, set_)
-    _, swap = _swap(cfg)
+    _, swap = _swap(cfg, alias)
     name = alias or cfg.worker.served_model_name
     try:
         swap.split(name, weights)
@@ -227,7 +241,7 @@ def ckpt_canary(
         console.print(f"[red]{bad}[/]")
         raise typer.Exit(2)
     cfg = _config(profile, set_)
-    registry, swap = _swap(cfg)
+    registry, swap = _swap(cfg, alias)
     name = alias or cfg.worker.served_model_name
     controller = CanaryController(swap, registry, TraceStore(cfg.traces_path))
     try:
@@ -267,7 +281,7 @@ def ckpt_rollback(
 
     _check_strategy(strategy)
     cfg = _config(profile, set_)
-    _, swap = _swap(cfg)
+    _, swap = _swap(cfg, alias)
     try:
         if strategy == "blue-green":
             from deploy.stack.bluegreen import BlueGreen

@@ -16,7 +16,6 @@ from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError
 
-from deploy.stack.slots import SUFFIXES, SlotState, for_slot, read_state
 from loop.config import LoopConfig
 from serve.config import Deployment, GatewayConfig, ModelRoute, StrictModel
 from serve.secret_files import write_private
@@ -199,13 +198,10 @@ class StackConfig(StrictModel):
     cluster: ClusterConfig = ClusterConfig()
     loop: LoopConfig = LoopConfig()
     start_timeout_s: float = 300.0
-    slot: int = Field(
-        0,
-        ge=0,
-        le=1,
-        description="which deployment slot serves (deploy/stack/slots.py; kept in run/deployment.json by blue-green deploys)",
+    core_offset: int = Field(
+        0, ge=0, description="set by the supervisor: the core a graph's first vLLM-CPU engine binds to (worker i: the next i)"
     )
-    serving_model_dir: str | None = Field(None, description="the checkpoint the slot's workers start on; default model_dir")
+    serving_model_dir: str | None = Field(None, description="the checkpoint a graph's workers start on; default model_dir")
     dedicated: DedicatedConfig = DedicatedConfig()
     graph: str | None = Field(
         None, description="set by the supervisor: this config is dedicated deployment <graph>'s (deploy/stack/graphs.py)"
@@ -236,8 +232,8 @@ class StackConfig(StrictModel):
 
     @property
     def suffix(self) -> str:
-        """Appended to the names of this slot's (or dedicated graph's) processes and files."""
-        return f"-{self.graph}" if self.graph else SUFFIXES[self.slot]
+        """Appended to the names of a dedicated graph's processes and files."""
+        return f"-{self.graph}" if self.graph else ""
 
     @property
     def deployment_name(self) -> str:
@@ -283,16 +279,15 @@ class StackConfig(StrictModel):
         gw.pool.max_replicas = min(gw.pool.max_replicas, self.dedicated.port_step - 3)
         if gw.ui.secret_file is None:  # replicas of one stack share logins
             gw.ui.secret_file = str(self.run_dir / "ui-secret")
-        if not gw.deployments:  # both slots: the gateway can route to either (aliases choose)
+        if not gw.deployments:  # the profile's own graph; dedicated ones are added at runtime
             gw.deployments = [
                 Deployment(
-                    name=c.deployment_name,
-                    url=c.frontend_url,
-                    max_model_len=c.worker.max_model_len,
-                    model_path=str(c.serving_model_path),
-                    admin_urls=[c.worker_admin_url(i) for i in range(c.worker.count)],
+                    name=self.deployment_name,
+                    url=self.frontend_url,
+                    max_model_len=self.worker.max_model_len,
+                    model_path=str(self.serving_model_path),
+                    admin_urls=[self.worker_admin_url(i) for i in range(self.worker.count)],
                 )
-                for c in (self if k == self.slot else for_slot(self, k) for k in range(len(SUFFIXES)))
             ]
         if not gw.models:
             name = self.worker.served_model_name
@@ -367,11 +362,9 @@ def load_config(profile: str = "local", overrides: list[str] | None = None, envi
         dotted, value = item.split("=", 1)
         data = _deep_merge(data, _nested(dotted.strip(), _parse_value(value)))
     try:
-        cfg = StackConfig.model_validate(data)
+        return StackConfig.model_validate(data)
     except ValidationError as exc:
         raise ValueError(_explain(exc)) from None
-    state = read_state(cfg.run_dir)  # a blue-green deploy moved the stack to another slot
-    return for_slot(cfg, state.slot, state.model_dir) if state != SlotState() else cfg
 
 
 def config_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:

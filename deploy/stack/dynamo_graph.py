@@ -1,10 +1,12 @@
 """One Dynamo graph's processes: its event broker, its frontend (KV router, file discovery) and
-its workers (dynamo.vllm on vLLM-CPU, or Dynamo's mocker). The stack's serving slot is one such
-graph (deploy/stack/slots.py), and so is every dedicated deployment (deploy/stack/graphs.py)."""
+its workers (dynamo.vllm on vLLM-CPU, or Dynamo's mocker). The profile's serverless deployment is one
+such graph (unless a blue-green deploy retired it: deploy/stack/serverless.py), and so is every dedicated
+deployment (deploy/stack/graphs.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -59,7 +61,7 @@ def _worker_ready(cfg: StackConfig, listed: bool = True):
 
 
 def deployment_components(cfg: StackConfig) -> list[Component]:
-    """One slot's deployment (deploy/stack/slots.py): its event broker, frontend and workers."""
+    """One graph: its event broker, frontend and workers."""
     py, w, sfx = sys.executable, cfg.worker, cfg.suffix
     env = dynamo_env(cfg)
     comps = [
@@ -187,9 +189,9 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
             **env,
             "DYN_SYSTEM_PORT": str(system_port),
             "DYN_SYSTEM_ENABLED": "true",
-            # one core per engine; the other slot's engines take the other core (two engines
-            # bound to one core slowed a blue-green start to a standstill)
-            "VLLM_CPU_OMP_THREADS_BIND": str((i + cfg.slot) % 2),
+            # one core per engine, the next graph's on the next core (two engines bound to one
+            # core slowed a blue-green start beside the serving graph to a standstill)
+            "VLLM_CPU_OMP_THREADS_BIND": str((i + cfg.core_offset) % (os.cpu_count() or 1)),
             "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
             "VLLM_HOST_IP": "127.0.0.1",
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(w.nixl_port_base + i),

