@@ -319,6 +319,19 @@ def _snapshot_batches(reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
         yield from reader
     except _READ_FAILED as exc:
         raise (SnapshotGone(str(exc)) if _file_gone(exc) else exc) from None
+    except OSError as exc:  # DuckDB's error from inside its Arrow stream, as pyarrow raises it
+        raise _duckdb_error(str(exc)) from None
+
+
+def _duckdb_error(text: str) -> Exception:
+    """The DuckDB exception whose message is ``text`` (its kind is the message's first words)."""
+    if text.startswith("Out of Memory Error"):
+        return duckdb.OutOfMemoryException(text)
+    if text.startswith("INTERRUPT Error"):
+        return duckdb.InterruptException(text)
+    if _file_gone(text):
+        return SnapshotGone(text)
+    return duckdb.Error(text)
 
 
 class SnapshotGone(RuntimeError):
@@ -331,7 +344,7 @@ RETRIES = 3  # new snapshots an unlocked store's query takes after files vanishe
 _READ_FAILED = (duckdb.IOException, duckdb.InvalidInputException)
 
 
-def _file_gone(exc: duckdb.Error) -> bool:
+def _file_gone(exc: duckdb.Error | str) -> bool:
     text = str(exc)
     return "No such file" in text or "No files found" in text or "Cannot open file" in text
 

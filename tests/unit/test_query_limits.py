@@ -195,3 +195,28 @@ def test_the_sql_console_and_downloads_are_bounded_and_take_every_column_type(sm
     big = rows(200) + "SELECT repeat('x', 10000) AS s FROM r"
     assert client.get("/ui/sql/download", params={"sql": big}).status_code == 413  # 2 MB > 1 MiB
     assert client.get("/ui/traces").status_code == 200
+
+
+def test_running_out_of_memory_while_rows_stream_out_is_413_not_500():
+    """DuckDB's error inside its Arrow stream reaches Python as pyarrow's OSError, its text
+    DuckDB's ("Out of Memory Error: ArrowBuffer: failed to allocate 67108864 bytes" when a
+    worker at its cap could not grow a batch): test_tenant_harm's attacker got it as a 500."""
+    import duckdb
+
+    from serve.trace_query import query_failure
+    from traces.store import _snapshot_batches
+
+    def stream(error):
+        yield "a batch"
+        raise error
+
+    for error, status in (
+        (OSError("Out of Memory Error: ArrowBuffer: failed to allocate 67108864 bytes"), 413),
+        (OSError("INTERRUPT Error: Interrupted!"), 408),
+        (OSError("Invalid Input Error: something else DuckDB said"), 400),
+    ):
+        batches = _snapshot_batches(stream(error))
+        assert next(batches) == "a batch"
+        with pytest.raises(duckdb.Error) as raised:
+            next(batches)
+        assert query_failure(raised.value, 30).status == status, (error, raised.value)
