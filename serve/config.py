@@ -289,6 +289,13 @@ class GatewayConfig(StrictModel):
     max_body_bytes: int = Field(
         32 << 20, description="larger request bodies get 413 before they are read (a 140K-token agentic prompt is ~1 MB of JSON)"
     )
+    refused_work_share: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="a team's heavy work (a large body, a new tool list, a long prompt) that ends in a 4xx makes its "
+        "next heavy work wait 1/share - 1 times as long as the refused work took (serve/team_turns.py)",
+    )
     tools: ToolsConfig = ToolsConfig()
     redis_url: str | None = Field(None, description="shared state for several replicas; None = one replica")
     capacity: dict[str, Capacity] = Field(default_factory=dict, description="deployment -> capacity")

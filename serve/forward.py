@@ -76,7 +76,7 @@ class Forwarder:
         self.bounds = Bounds(config.tools.max_string_length, config.tools.max_array_items)
         self.tool_limits = ToolLimits(config.tools.max_tools, config.tools.max_tools_bytes, config.tools.max_schema_depth)
         self.pool = UpstreamPool(read_timeout=config.upstream_timeout_s)
-        self.turns = TeamTurns()
+        self.turns = TeamTurns(share=config.refused_work_share)
         self.shadows: set[asyncio.Task] = set()  # shadow arms' copies running (held: a bare task may be collected)
 
     async def forward(self, operation: str, body: dict, ctx: RequestContext):

@@ -183,4 +183,51 @@ def test_the_map_of_teams_stays_bounded():
     turns = TeamTurns(max_teams=3)
     for i in range(10):
         asyncio.run(turns.run(f"team-{i}", int, "1"))
-    assert len(turns._locks) == 3
+    assert len(turns._turns) == 3
+
+
+def test_refused_heavy_work_makes_the_teams_next_heavy_work_wait(monkeypatch):
+    """A team's heavy work of about the last second, when it ends in a 4xx, is paid for: its next
+    heavy job waits 1/share - 1 times as long (3x at the default 0.25). Another team never
+    waits for it, a 5xx (the gateway's fault) costs nothing, and old work has decayed away."""
+    import asyncio
+
+    from serve import team_turns
+    from serve.errors import APIError
+    from serve.team_turns import TeamTurns
+
+    clock, waits = [100.0], []
+    monkeypatch.setattr(team_turns.time, "monotonic", lambda: clock[0])
+
+    async def sleep(seconds):
+        waits.append(round(seconds, 6))
+        clock[0] += seconds
+
+    monkeypatch.setattr(team_turns.asyncio, "sleep", sleep)
+
+    def work(seconds: float, status: int | None = None) -> str:
+        clock[0] += seconds
+        if status:
+            raise APIError(status, "refused")
+        return "done"
+
+    async def go(turns: TeamTurns) -> None:
+        async def run(team, seconds, status=None):
+            try:
+                return await turns.run(team, work, seconds, status)
+            except APIError as exc:
+                return exc.status
+
+        assert await run("red", 0.08) == "done"  # a 20 MB body read and checked
+        assert await run("red", 0.02, 400) == 400  # then refused: over the context
+        assert waits == []
+        assert await run("blue", 0.01) == "done" and waits == []  # another team does not wait
+        assert await run("red", 0.01) == "done"
+        assert waits == [0.29]  # (0.08 + 0.02) x 3 from the refusal; blue's 0.01 has passed since
+        assert await run("red", 0.05, 503) == 503 and await run("red", 0.01) == "done"
+        assert waits == [0.29]  # a 5xx is the gateway's: no wait
+        clock[0] += 20  # what red did before has decayed away
+        assert await run("red", 0.05, 400) == 400 and await run("red", 0.0) == "done"
+        assert waits[1:] == [pytest.approx(0.15, abs=1e-3)]
+
+    asyncio.run(go(TeamTurns(share=0.25)))
