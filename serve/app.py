@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from serve import feedback_api, trace_query, ui
 from serve.admission import Admission
 from serve.affinity import Affinity
+from serve.auth import is_admin_key
 from serve.api import admin, completions, deployments, messages, models, responses, status, traces
 from serve.batch import api as batch_api
 from serve.batch.runner import BatchRunner
@@ -39,6 +40,7 @@ from serve.keys import KeyStore
 from serve.metrics import Metrics
 from serve.openapi import install as install_openapi
 from serve.query_pool import QueryPool
+from serve.refusal_pace import RefusalPace
 from serve.routes import RouteTable
 from serve.shared_state import SharedState
 from serve.upstream_http import upstream_client
@@ -132,6 +134,8 @@ def create_app(config: GatewayConfig, writer: TraceWriter | None = None) -> Fast
     hot |= {"/v1/responses": partial(responses.create, gw), "/v1/messages": partial(messages.create, gw)}
     app.hot_path = HotPath(hot, config.max_body_bytes)
     app.cross_site = CrossSite(config)
+    app.refusal_pace = RefusalPace(config.refusals_per_s, config.refusal_burst) if config.refusals_per_s else None
+    app.is_admin = partial(is_admin_key, config=config)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.state.parts, app.state.full_weights = gw, FullWeights(config, gw.routes, gw.forwarder.reload_gate)
     install_error_handlers(app)

@@ -296,6 +296,14 @@ class GatewayConfig(StrictModel):
         description="a team's heavy work (a large body, a new tool list, a long prompt) that ends in a 4xx makes its "
         "next heavy work wait 1/share - 1 times as long as the refused work took (serve/team_turns.py)",
     )
+    refusals_per_s: float = Field(
+        50.0,
+        ge=0,
+        description="a caller's 4xx answers beyond refusal_burst go out at most this many a second, the rest held "
+        "back (at most 5 s): a client looping on bad requests cannot take the event loop (serve/refusal_pace.py); "
+        "0: no pacing",
+    )
+    refusal_burst: int = Field(200, ge=1, description="4xx answers a caller gets at once before refusals_per_s applies")
     tools: ToolsConfig = ToolsConfig()
     redis_url: str | None = Field(None, description="shared state for several replicas; None = one replica")
     capacity: dict[str, Capacity] = Field(default_factory=dict, description="deployment -> capacity")

@@ -26,6 +26,7 @@ from serve import json_codec
 from serve.body_limit import too_large
 from serve.cross_site import CrossSite
 from serve.errors import APIError, in_route_shape
+from serve.refusal_pace import RefusalPace, caller_of, credential_of
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,12 @@ class Gateway(FastAPI):
 
     hot_path: HotPath | None = None
     cross_site: CrossSite | None = None
+    refusal_pace: RefusalPace | None = None
+    is_admin: Callable[[str | None], bool] = staticmethod(lambda credential: False)
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.refusal_pace is not None:
+            send = self._paced(scope, send)
         if scope["type"] == "http" and self.cross_site is not None:
             refused = self.cross_site.refusal(scope)
             if refused is not None:
@@ -56,6 +61,22 @@ class Gateway(FastAPI):
         if hot is not None and scope["type"] == "http" and scope["path"] in hot.routes and scope["method"] == "POST":
             return await self.hot_path(scope, receive, send)
         await super().__call__(scope, receive, send)
+
+    def _paced(self, scope, send):
+        """``send``, with a 4xx answer held back while its caller is past its pace
+        (serve/refusal_pace.py)."""
+        pace = self.refusal_pace
+
+        async def paced(message):
+            if message["type"] == "http.response.start" and 400 <= message["status"] < 500:
+                credential = credential_of(scope)
+                if not self.is_admin(credential):
+                    wait = pace.wait_s(caller_of(scope, credential))
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+            await send(message)
+
+        return paced
 
 
 class HotPath:
