@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 from typing import Optional
 
-import httpx
 import typer
 from rich.table import Table
 
 from deploy.cli.common import ProfileOpt, SetOpt, _config, console
 from deploy.stack.config import StackConfig
-from deploy.stack.serverless import retired
+from deploy.stack.serverless import serving_deployment
 
 ckpt_app = typer.Typer(no_args_is_help=True, help="Checkpoints: register, list, deploy, split, canary, rollback.")
 
@@ -23,19 +22,8 @@ def _swap(cfg: StackConfig, alias: str | None = None):
 
     gw = cfg.resolved_gateway()
     registry = Registry(gw.checkpoints_file)
-    deployment = cfg.deployment_name
-    if retired(cfg.run_dir) is not None:  # a blue-green deploy moved the alias to a shared deployment
-        deployment = _routed_to(gw, alias or cfg.worker.served_model_name) or deployment
+    deployment = serving_deployment(cfg, alias)  # after a blue-green deploy, not the profile's graph
     return registry, HotSwap(gw.url, gw.admin_key, registry, deployment, cfg.worker.served_model_name, cfg.model_path)
-
-
-def _routed_to(gw, alias: str) -> str | None:
-    """The deployment ``alias`` routes to now, if the gateway answers."""
-    try:
-        r = httpx.get(f"{gw.url}/admin/models", headers={"Authorization": f"Bearer {gw.admin_key}"}, timeout=10)
-        return (r.json().get(alias) or {}).get("deployment") if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
 
 
 StrategyOpt = typer.Option(

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from deploy.cli.common import ProfileOpt, SetOpt, _config, console
 from deploy.stack.config import StackConfig, _parse_value
+from deploy.stack.serverless import serving_deployment
 from loop.config import LoopConfig
 from loop.report import Reporter
 from loop.target import LoopTarget
@@ -56,7 +57,7 @@ def loop_target(cfg: StackConfig, key: str, report: Reporter) -> LoopTarget:
         key_id=owner.id,
         admin_key=gw.admin_key,
         alias=cfg.worker.served_model_name,
-        deployment=cfg.deployment_name,
+        deployment=serving_deployment(cfg),
         base_model=cfg.model_path,
         warm_base=warm,
         warm_version=f"warm-{recipe.key()[:8]}",

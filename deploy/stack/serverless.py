@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx
+
 RETIRED_FILE = "serverless-retired"
 
 
@@ -36,6 +38,20 @@ def set_retired(run_dir: Path, by: str | None) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def serving_deployment(cfg, alias: str | None = None) -> str:
+    """The deployment the profile's alias (or ``alias``) is served by: the profile's graph, or,
+    once a blue-green deploy retired it, the one the gateway routes the alias to now."""
+    if retired(cfg.run_dir) is None:
+        return cfg.deployment_name
+    gw = cfg.resolved_gateway()
+    try:
+        r = httpx.get(f"{gw.url}/admin/models", headers={"Authorization": f"Bearer {gw.admin_key}"}, timeout=10)
+        route = r.json().get(alias or cfg.worker.served_model_name) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        route = None
+    return (route or {}).get("deployment") or cfg.deployment_name
 
 
 def worker_index(component: str) -> int:

@@ -72,3 +72,34 @@ def test_indexes_are_kept_and_a_deleted_deployment_gives_its_index_back(tmp_path
     assert {k: sorted(v) for k, v in graph_processes(tmp_path).items()} == {
         "dep-00ab": ["frontend-dep-00ab", "worker-1-dep-00ab"]
     }
+
+
+def test_after_a_blue_green_deploy_the_cli_acts_on_the_deployment_the_alias_routes_to(tmp_path, monkeypatch):
+    """`flywheel checkpoint deploy` and `flywheel loop` load checkpoints on the deployment that
+    serves the alias: the profile's graph, or, once a blue-green deploy retired it, the shared
+    deployment the gateway routes the alias to (asked over HTTP; unreachable: the profile's)."""
+    import httpx
+
+    from deploy.stack import serverless
+    from deploy.stack.serverless import serving_deployment, set_retired
+
+    cfg = load_config("sim", [f"home={tmp_path}"], environ={})
+    asked = []
+
+    def get(url, **kw):
+        asked.append(url)
+        return httpx.Response(200, json={"tiny": {"deployment": "dep-00ab"}}, request=httpx.Request("GET", url))
+
+    monkeypatch.setattr(serverless.httpx, "get", get)
+    assert serving_deployment(cfg) == "local" and asked == []  # not retired: no need to ask
+    set_retired(cfg.run_dir, "two-layer")
+    assert serving_deployment(cfg) == "dep-00ab" and asked[-1].endswith("/admin/models")
+    assert serving_deployment(cfg, "other") == "local"  # an alias the gateway has no route for
+
+    def down(url, **kw):
+        raise httpx.ConnectError("refused")
+
+    monkeypatch.setattr(serverless.httpx, "get", down)
+    assert serving_deployment(cfg) == "local"
+    set_retired(cfg.run_dir, None)
+    assert serverless.retired(cfg.run_dir) is None
