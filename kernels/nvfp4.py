@@ -89,26 +89,25 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None, scale_ru
     g = global_scale_for(x) if global_scale is None else global_scale.float()
     blocks = x.reshape(*x.shape[:-1], -1, BLOCK)
     amax_bits = (blocks.abs().amax(-1) / E2M1_MAX / g).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
-    offsets = [0] + [o for o in range(-SEARCH_CODES, SEARCH_CODES + 1) if o] if scale_rule == "mse" else [0]
-    best_bits, best_codes, best_err = None, None, None
-    for off in offsets:  # the amax scale first: another replaces it only when strictly closer
+
+    def rounded(off: int):
+        """The block scale ``off`` e4m3 codes from the amax one, and the codes under it."""
         # positive e4m3 codes are ordered as their values; 0x7E is 448, 0x7F NaN; a zero block stays 0
         bits = torch.where(amax_bits == 0, amax_bits, (amax_bits.int() + off).clamp(1, 0x7E).to(torch.uint8))
         eff = bits.view(torch.float8_e4m3fn).float() * g
         safe = torch.where(eff > 0, eff, torch.ones_like(eff))
         codes = e2m1_codes(blocks / safe.unsqueeze(-1))
         codes = torch.where((eff > 0).unsqueeze(-1), codes, torch.zeros_like(codes))
-        if len(offsets) == 1:
-            best_bits, best_codes = bits, codes
-            break
-        err = ((e2m1_decode(codes) * eff.unsqueeze(-1) - blocks) ** 2).sum(-1)
-        if best_err is None:
-            best_bits, best_codes, best_err = bits, codes, err
-            continue
-        closer = err < best_err
-        best_bits = torch.where(closer, bits, best_bits)
-        best_codes = torch.where(closer.unsqueeze(-1), codes, best_codes)
-        best_err = torch.where(closer, err, best_err)
+        return bits, codes, ((e2m1_decode(codes) * eff.unsqueeze(-1) - blocks) ** 2).sum(-1)
+
+    best_bits, best_codes, best_err = rounded(0)
+    if scale_rule == "mse":  # another scale replaces the amax one only where strictly closer
+        for off in (o for o in range(-SEARCH_CODES, SEARCH_CODES + 1) if o):
+            bits, codes, err = rounded(off)
+            closer = err < best_err
+            best_bits = torch.where(closer, bits, best_bits)
+            best_codes = torch.where(closer.unsqueeze(-1), codes, best_codes)
+            best_err = torch.where(closer, err, best_err)
     return NVFP4Tensor(pack_nibbles(best_codes.reshape(x.shape)), best_bits, g, tuple(x.shape))
 
 

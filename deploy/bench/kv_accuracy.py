@@ -19,28 +19,26 @@ causal LM whose head size is a multiple of 16 (default: the tiny model, made her
 from __future__ import annotations
 
 import argparse
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from deploy.models.tiny_model import stdlib_sources
 from kernels.kv_formats import FORMATS, relative_error, round_trip
 
 
-def quantised_cache(fmt: str, config, seen: dict | None = None):
-    """A transformers DynamicCache whose every update is stored in ``fmt``; ``seen`` collects
-    each format's relative error on what it stored (keys and values)."""
+def quantised_cache(fmt: str, config, errors: list[float]):
+    """A transformers DynamicCache whose every update is stored in ``fmt``; ``errors`` collects
+    the relative error of each tensor it stored (keys and values)."""
     from transformers import DynamicCache
 
     class QuantisedCache(DynamicCache):
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            if seen is not None:
-                for x in (key_states, value_states):
-                    seen.setdefault(fmt, []).append(relative_error(x, fmt))
-            k, v = round_trip(key_states, fmt), round_trip(value_states, fmt)
-            return super().update(k, v, layer_idx, *args, **kwargs)
+            stored = [round_trip(x, fmt) for x in (key_states, value_states)]
+            errors.extend(relative_error(x, y) for x, y in zip((key_states, value_states), stored))
+            return super().update(*stored, layer_idx, *args, **kwargs)
 
     return QuantisedCache(config=config)
 
@@ -50,9 +48,7 @@ def text_tokens(tokenizer, text_file: str | None, need: int) -> torch.Tensor:
     if text_file:
         texts = [Path(text_file).read_text(encoding="utf-8", errors="ignore")]
     else:
-        texts = [
-            p.read_text(encoding="utf-8", errors="ignore") for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-        ]
+        texts = stdlib_sources(max_bytes=need * 64)  # more bytes than tokens for any tokenizer here
     ids: list[int] = []
     for text in texts:
         ids += tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
@@ -69,8 +65,8 @@ def evaluate(model, windows: torch.Tensor, formats=FORMATS) -> dict[str, dict[st
     targets = windows[:, L // 2 + 1 :]
     out, logp_ref = {}, None
     for fmt in formats:
-        seen: dict = {}
-        logits = model(windows, past_key_values=quantised_cache(fmt, model.config, seen), use_cache=True).logits
+        errors: list[float] = []
+        logits = model(windows, past_key_values=quantised_cache(fmt, model.config, errors), use_cache=True).logits
         logp = torch.log_softmax(logits[:, half].float(), dim=-1)
         if logp_ref is None:
             if fmt != "fp32":
@@ -81,7 +77,7 @@ def evaluate(model, windows: torch.Tensor, formats=FORMATS) -> dict[str, dict[st
             "agree": (logp.argmax(-1) == logp_ref.argmax(-1)).float().mean().item(),
             "kl": (logp_ref.exp() * (logp_ref - logp)).sum(-1).mean().item(),
             "ppl": nll.mean().exp().item(),
-            "kv_rel_err": sum(seen[fmt]) / len(seen[fmt]),
+            "kv_rel_err": sum(errors) / len(errors),
         }
     return out
 

@@ -38,8 +38,9 @@ QWEN2_SPLIT = (
 STOP_TOKENS = [EOS, "<|user|>", "<|observation|>"]
 
 
-def _corpus(max_bytes: int) -> list[str]:
-    """Python stdlib sources, in a fixed order, as training text (present on every machine)."""
+def stdlib_sources(max_bytes: int) -> list[str]:
+    """Python stdlib sources, in a fixed order (present on every machine): the tokenizer's training
+    text, and deploy/bench/kv_accuracy.py's evaluation text."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts, total = [], 0
     for path in sorted(stdlib.glob("*.py")):
@@ -74,7 +75,7 @@ def build_tokenizer(vocab_size: int = 4096, corpus_bytes: int = 3_000_000):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(corpus_bytes), trainer=trainer)
+    tok.train_from_iterator(stdlib_sources(corpus_bytes), trainer=trainer)
     tok.add_tokens(MARKUP_TOKENS)
     return tok
 

@@ -4,7 +4,7 @@ workers) runs.
 A blue-green deploy (deploy/stack/bluegreen.py) moves the profile's aliases to a shared deployment
 of the new checkpoint and then retires the profile's graph; a blue-green deploy back to the base
 model starts it again. The retirement is recorded in ``<home>/run/serverless-retired`` (holding
-the id of the deployment that took over), so `up` and the supervisor leave the graph stopped.
+the checkpoint version that took over), so `up` and the supervisor leave the graph stopped.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ RETIRED_FILE = "serverless-retired"
 
 
 def retired(run_dir: Path) -> str | None:
-    """The deployment that took over from the profile's graph, or None while the graph serves."""
+    """The checkpoint version that took over from the profile's graph, or None while the graph serves."""
     try:
         return (run_dir / RETIRED_FILE).read_text().strip() or None
     except FileNotFoundError:
@@ -26,7 +26,7 @@ def retired(run_dir: Path) -> str | None:
 
 
 def set_retired(run_dir: Path, by: str | None) -> None:
-    """Record that deployment ``by`` took over from the profile's graph (None: the graph serves)."""
+    """Record that version ``by`` took over from the profile's graph (None: the graph serves)."""
     path = run_dir / RETIRED_FILE
     if by is None:
         path.unlink(missing_ok=True)
