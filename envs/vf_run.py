@@ -49,6 +49,7 @@ class EpisodeResult:
     reward: float
     reply: str
     ok: bool
+    failure: str = ""  # why the episode did not finish: its stop condition and last error, if any
 
 
 async def _episodes(
@@ -101,9 +102,18 @@ async def _episodes(
     out = []
     for ep, (_, example_id, _) in zip(episodes, runs):
         tr = ep.traces[0]
+        failure = ""
+        if not ep.ok:
+            last = tr.last_error
+            failure = f"{tr.stop_condition}: {last.type} {last.status_code or ''} {last.message}" if last else str(tr.stop_condition)
         out.append(
             EpisodeResult(
-                example_id=example_id, session_id=tr.id, reward=float(tr.reward or 0.0), reply=tr.last_reply or "", ok=ep.ok
+                example_id=example_id,
+                session_id=tr.id,
+                reward=float(tr.reward or 0.0),
+                reply=tr.last_reply or "",
+                ok=ep.ok,
+                failure=failure[:500],
             )
         )
     return out

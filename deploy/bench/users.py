@@ -50,6 +50,7 @@ class TasksetUsers:
         self.missing, self.max_delay_s, self.prefix, self.args = missing, max_delay_s, env_prefix, taskset_args
         self.count = UsersCount()
         self.errors: list[str] = []
+        self.failures: list[str] = []  # why failed episodes failed (the first 20)
         self._rng = random.Random(seed)
         self._stop = threading.Event()
         self._posts: list[threading.Timer] = []
@@ -92,6 +93,8 @@ class TasksetUsers:
         self.count.batches += 1
         self.count.episodes += len(results)
         self.count.failed += sum(not r.ok for r in results)
+        self.failures.extend(f"{env_id}/{r.example_id}: {r.failure}" for r in results if not r.ok)
+        del self.failures[20:]
         self.count.reward_sum += sum(r.reward for r in results)
         for episode in reward_feedback(self.url, self.key, results, f"user:{env_id}"):
             if self._rng.random() < self.missing:
@@ -150,7 +153,7 @@ def main() -> None:
 
     def write() -> None:  # atomically: a reader never sees half a file
         tmp = args.counts.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**asdict(users.count), "errors": users.errors}))
+        tmp.write_text(json.dumps({**asdict(users.count), "errors": users.errors, "failures": users.failures}))
         tmp.replace(args.counts)
 
     users.start()

@@ -99,7 +99,11 @@ def test_the_loop_on_production_traffic_promotes_what_users_reward_and_rolls_bac
             f"{t['candidate']}: {t['canary']['action']} ({t['canary']['reason']}); exact-solve "
             f"{run['turns'][0]['eval']['exact_solve']} -> {t['eval']['exact_solve']}"
         )
-    assert counts["failed"] == 0 and not counts["errors"] and counts["rewards_withheld"] > 0, counts
+    assert counts["failed"] == 0 and not counts["errors"] and counts["rewards_withheld"] > 0, (
+        counts["failures"],
+        counts["errors"],
+        counts["rewards_withheld"],
+    )
     # trained on what users rewarded: promoted, and it solves more held-back tasks
     t = better["turns"][1]
     assert t["canary"]["action"] == "promote" and t["version"] == t["candidate"], t
@@ -199,7 +203,8 @@ def test_a_canary_outlives_its_controller_and_refuses_a_second_one(stack, users,
     assert route["split"] is None and route["checkpoint_version"] == serving and registry.current("tiny") == serving
     assert registry.canaries() == {}
     assert flywheel_cli(stack, "checkpoint", "canary", "--resume").returncode == 1  # nothing left to watch
-    assert users_counts(users)["failed"] == 0
+    counts = users_counts(users)
+    assert counts["failed"] == 0, counts["failures"]
 
 
 def test_a_from_traces_query_that_is_not_a_select_changes_nothing(stack):
