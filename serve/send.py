@@ -32,7 +32,24 @@ def upstream_headers(ctx: RequestContext) -> dict[str, str]:
 
 async def send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: float) -> UpstreamResponse:
     """The deployment's 200 response, its body still to come. Anything else is an
-    :class:`AttemptFailed`: unreachable, timeout and 5xx retryable, a 4xx the request's own."""
+    :class:`AttemptFailed`: unreachable, timeout and 5xx retryable, a 4xx the request's own.
+
+    A session's turn that gets a 5xx is sent once more without its session id. Dynamo keeps a
+    session on its worker even after that worker died, for as long as the worker is still
+    registered (its discovery lease, 10 s, plus the watch: 25 s measured across hosts), and
+    answers every such turn 500 at once ("Pinned worker ... is not eligible", "no endpoints
+    available"); unpinned, its router places the turn on a live worker. Nothing ran: a 5xx comes
+    before any token."""
+    headers = upstream_headers(attempt.capture.ctx)
+    try:
+        return await _send(pool, attempt, first_token_timeout_s, headers)
+    except AttemptFailed as failed:
+        if not headers or failed.outcome is not Outcome.UPSTREAM_ERROR:
+            raise
+    return await _send(pool, attempt, first_token_timeout_s, {})
+
+
+async def _send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: float, headers: dict[str, str]) -> UpstreamResponse:
     dep, capture = attempt.deployment, attempt.capture
     payload = json_codec.encode(attempt.rewrite.upstream_body)
     capture.sent_mono = time.monotonic()
@@ -41,7 +58,7 @@ async def send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: floa
             dep.url,
             ENDPOINTS[attempt.operation],
             payload,
-            upstream_headers(capture.ctx),
+            headers,
             headers_timeout=first_token_timeout_s if attempt.stream else None,
         )
     except UpstreamError as exc:

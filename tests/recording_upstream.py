@@ -37,6 +37,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.seen.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
         if self.server.hold_marker and self.server.hold_marker in body:
             self.server.release.wait(30)
+        if self.server.dead_pin and "x-dynamo-session-id" in self.headers:
+            error = b'{"message":"Failed to generate completions: no endpoints available to route work"}'
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error)
+            return
         answer = json.dumps({**(CHAT if self.path.endswith("/chat/completions") else TEXT), **self.server.extra}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -59,7 +67,8 @@ class _Handler(BaseHTTPRequestHandler):
 class RecordingUpstream:
     """Started on a free loopback port; ``seen`` lists what it received, in order; keys put in
     ``extra`` are added to every answer; ``hold(marker)`` keeps requests containing ``marker``
-    unanswered until ``release`` is set."""
+    unanswered until ``release`` is set; ``dead_pin``: a session's request is answered 500, as
+    Dynamo answers one pinned to a dead worker that is still registered."""
 
     def __init__(self):
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -67,8 +76,12 @@ class RecordingUpstream:
         self._server.extra = self.extra = {}
         self._server.hold_marker = None  # bytes: a request containing them waits for ``release``
         self._server.release = self.release = threading.Event()
+        self._server.dead_pin = False
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def pin_to_a_dead_worker(self) -> None:
+        self._server.dead_pin = True
 
     def hold(self, marker: bytes) -> None:
         self._server.hold_marker = marker

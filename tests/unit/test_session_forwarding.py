@@ -29,6 +29,16 @@ def test_session_id_reaches_the_deployment_as_dynamo_session_id(gateway, recordi
     assert "x-dynamo-session-id" not in without.headers
 
 
+def test_a_session_pinned_to_a_dead_worker_is_served_unpinned(gateway, recording_upstream):
+    recording_upstream.pin_to_a_dead_worker()
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+    r = gateway.post("/v1/completions", json=body, headers={"X-Session-ID": "agent-7"})
+    assert r.status_code == 200, r.text
+    pinned, unpinned = recording_upstream.seen
+    assert pinned.headers["x-dynamo-session-id"] == "default/agent-7" and "x-dynamo-session-id" not in unpinned.headers
+    assert pinned.body == unpinned.body
+
+
 def test_unloading_an_adapter_the_deployment_does_not_have_is_a_404(gateway, recording_upstream):  # noqa: F811
     r = gateway.post("/unload_lora_adapter", json={"lora_name": "never-loaded"}, headers={"Authorization": "Bearer adm"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
