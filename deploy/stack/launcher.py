@@ -20,11 +20,14 @@ from deploy.stack.adapters import reload_adapters
 from deploy.stack import host_tier
 from deploy.stack.config import StackConfig
 from deploy.stack.dynamo_graph import deployment_components
+from deploy.stack.etcd_server import etcd_component
 from deploy.stack.graphs import graph_processes
+from deploy.stack import netns
+from deploy.stack.netns import place
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
 from deploy.stack.reconciler import Reconciler
 from deploy.stack.serverless import retired, worker_index
-from deploy.stack.run_state import STATE_FILE, load_state, stack_lock
+from deploy.stack.run_state import load_state, stack_lock
 from serve.config import GatewayConfig
 from serve.secret_files import write_private
 
@@ -34,31 +37,50 @@ console = Console(stderr=True)
 def components(cfg: StackConfig) -> list[Component]:
     """Everything `up` starts, in order: the stack's shared parts, the profile's serverless graph
     (unless a blue-green deploy retired it), the gateway."""
-    comps = []
+    comps = [etcd_component(cfg)] if cfg.hosts.enabled else []
     if cfg.redis.enabled:
-        comps.append(
-            Component(
-                name="redis",
-                ports=[cfg.redis.port],
-                argv=[
-                    shutil.which("redis-server") or "redis-server",
-                    "--port",
-                    str(cfg.redis.port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--dir",
-                    str(cfg.run_dir),
-                    *(["--appendonly", "yes", "--appendfsync", "everysec"] if cfg.redis.appendonly else ["--appendonly", "no"]),
-                ],
-            )
-        )
+        comps.append(redis_component(cfg))
     if cfg.host_tier.enabled:
         comps += host_tier.host_tier_components(cfg)
     if retired(cfg.run_dir) is None:
         comps += deployment_components(cfg)
-    comps.append(gateway_component(cfg, cfg.resolved_gateway()))
+    comps += gateway_components(cfg)
+    return comps
+
+
+def redis_component(cfg: StackConfig) -> Component:
+    """Redis for the gateways' shared state; on several hosts it listens beyond loopback, so it
+    wants the run dir's password (from a 0600 config file: not on its command line)."""
+    conf = []
+    if cfg.hosts.enabled:
+        conf = [str(cfg.run_dir / "redis.conf")]
+        write_private(conf[0], f"requirepass {cfg.ensure_redis_password()}\n")
+    argv = [
+        shutil.which("redis-server") or "redis-server",
+        *conf,
+        "--port",
+        str(cfg.redis.port),
+        "--bind",
+        cfg.control_address,
+        "--save",
+        "",
+        "--dir",
+        str(cfg.run_dir),
+        *(["--appendonly", "yes", "--appendfsync", "everysec"] if cfg.redis.appendonly else ["--appendonly", "no"]),
+    ]
+    return place(Component(name="redis", ports=[cfg.redis.port], argv=argv), cfg.hosts, cfg.control_host)
+
+
+def gateway_components(cfg: StackConfig) -> list[Component]:
+    """The gateway; on a multi-host profile one replica per gateway host (the first one is
+    ``gateway``, the one commands talk to), each with its own trace spool."""
+    gw = cfg.resolved_gateway()
+    if not cfg.hosts.enabled:
+        return [gateway_component(cfg, gw)]
+    comps = []
+    for i, host in enumerate(cfg.hosts.with_role("gateway")):
+        replica = gw.model_copy(update={"host": host.address, "instance": gw.instance or f"gateway-{host.name}"})
+        comps.append(place(gateway_component(cfg, replica, "gateway" if i == 0 else f"gateway-{host.name}"), cfg.hosts, host))
     return comps
 
 
@@ -72,6 +94,7 @@ def gateway_component(cfg: StackConfig, gw: GatewayConfig, name: str = "gateway"
         env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
         health_url=f"{gw.url}/health",
         ports=[gw.port],
+        address=gw.host,
     )
 
 
@@ -83,14 +106,19 @@ def ensure_model(cfg: StackConfig) -> None:
         make_tiny_model(cfg.model_path, seed=cfg.seed)
 
 
-def supervisor_component(cfg: StackConfig) -> Component:
+def supervisor_components(cfg: StackConfig) -> list[Component]:
+    """The supervisor; on several hosts also one per host (a node agent: it restarts what dies
+    on its host), the first one then playing the hosts' init (it restarts a host's agent that died
+    with its host) and the dedicated deployments' controller."""
     path = cfg.run_dir / "stack.json"
     write_private(path, cfg.anchored().model_dump_json(indent=2))
-    return Component(
-        name="supervisor",
-        argv=[sys.executable, "-m", "deploy.stack.supervisor", "--config", str(path)],
-        env={"PYTHONUNBUFFERED": "1"},
-    )
+    argv = [sys.executable, "-m", "deploy.stack.supervisor", "--config", str(path)]
+    env = {"PYTHONUNBUFFERED": "1"}
+    comps = [Component(name="supervisor", argv=argv, env=env)]
+    for host in cfg.hosts.hosts:
+        agent = Component(name=f"supervisor-{host.name}", argv=[*argv, "--host", host.name], env=env)
+        comps.append(place(agent, cfg.hosts, host))
+    return comps
 
 
 def up(cfg: StackConfig) -> dict[str, float]:
@@ -102,18 +130,29 @@ def up(cfg: StackConfig) -> dict[str, float]:
     ensure_model(cfg)
     pm = ProcessManager(cfg.run_dir)
     with stack_lock(cfg.run_dir):
+        if cfg.hosts.enabled:
+            made = netns.create(cfg.hosts)
+            if made:
+                console.print(f"hosts (network namespaces on {cfg.hosts.bridge}, {cfg.hosts.subnet}): {', '.join(made)}")
         timings, started = start_components(cfg, components(cfg))
         try:
             _reload_adapters(cfg, [n for n in started if n.startswith("worker-")])
             if cfg.supervisor.enabled:
                 _start_dedicated(cfg, pm)
-            if cfg.supervisor.enabled and pm.pid("supervisor") is None:
-                pm.start(supervisor_component(cfg), boost=False)
+            if cfg.supervisor.enabled:
+                start_supervisors(cfg, pm)
         except BaseException:
             for name in reversed(started):
                 pm.stop(name)
             raise
     return timings
+
+
+def start_supervisors(cfg: StackConfig, pm: ProcessManager) -> None:
+    """Those not running: each host's agent first, so the hosts' init finds them up."""
+    for comp in reversed(supervisor_components(cfg)):
+        if pm.pid(comp.name) is None:
+            pm.start(comp, boost=False)
 
 
 def _start_dedicated(cfg: StackConfig, pm: ProcessManager) -> None:
@@ -176,12 +215,15 @@ def _reload_adapters(cfg: StackConfig, workers: list[str]) -> None:
 
 
 def down(cfg: StackConfig) -> list[str]:
-    """Stop the supervisor first (so it restarts nothing), then every component `up` started."""
+    """Stop the supervisors first (so they restart nothing), then every component `up` started."""
     pm = ProcessManager(cfg.run_dir)
-    names = ["supervisor"] + [c.name for c in reversed(components(cfg))]
+    names = [c.name for c in supervisor_components(cfg)] + [c.name for c in reversed(components(cfg))]
     extra = [p.stem for p in cfg.run_dir.glob("*.pid") if p.stem not in names]
     stopped = [n for n in names + extra if pm.stop(n)]
-    (cfg.run_dir / STATE_FILE).unlink(missing_ok=True)  # the next `up` starts counting afresh
+    for record in cfg.run_dir.glob("supervisor*.json"):  # the next `up` starts counting afresh
+        record.unlink()
+    if cfg.hosts.enabled:
+        netns.remove(cfg.hosts)
     return stopped
 
 
@@ -203,6 +245,7 @@ def status(cfg: StackConfig) -> list[dict]:
         rows.append(
             {
                 "name": comp.name,
+                "host": comp.host,
                 "pid": pid,
                 "url": url,
                 "healthy": healthy,
@@ -217,6 +260,7 @@ def status(cfg: StackConfig) -> list[dict]:
             rows.append(
                 {
                     "name": name,
+                    "host": None,
                     "pid": pid,
                     "url": None,
                     "healthy": pid is not None,
@@ -225,16 +269,19 @@ def status(cfg: StackConfig) -> list[dict]:
                     "log": str(pm.log_file(name)),
                 }
             )
-    sup = pm.pid("supervisor")
-    rows.append(
-        {
-            "name": "supervisor",
-            "pid": sup,
-            "url": None,
-            "healthy": sup is not None,
-            "restarts": 0,
-            "last_exit": None,
-            "log": str(pm.log_file("supervisor")),
-        }
-    )
+    for comp in supervisor_components(cfg):
+        sup = pm.pid(comp.name)
+        seen = watched.get(comp.name, {})
+        rows.append(
+            {
+                "name": comp.name,
+                "host": comp.host,
+                "pid": sup,
+                "url": None,
+                "healthy": sup is not None,
+                "restarts": seen.get("restarts", 0),
+                "last_exit": seen.get("last_exit"),
+                "log": str(pm.log_file(comp.name)),
+            }
+        )
     return rows

@@ -31,6 +31,9 @@ class Component:
     health_url: str | None = None
     ports: list[int] = field(default_factory=list)
     ready: Callable[[httpx.Response], bool] | None = None  # judges the health response
+    host: str | None = None  # on a multi-host profile, the host it runs on (deploy/stack/netns.py)
+    address: str = "127.0.0.1"  # where its ports listen
+    exec_prefix: list[str] = field(default_factory=list)  # what runs it on its host
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -126,16 +129,16 @@ class ProcessManager:
             # a killed multi-threaded process shows as a zombie before its last thread has let
             # go of its sockets: give a just-stopped component a moment
             deadline = time.monotonic() + 5
-            while port_in_use(port) and time.monotonic() < deadline:
+            while port_in_use(port, comp.address) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if port_in_use(port):
+            if port_in_use(port, comp.address):
                 raise StartError(
-                    f"{comp.name}: port {port} on 127.0.0.1 is already in use; "
+                    f"{comp.name}: port {port} on {comp.address} is already in use; "
                     "stop what holds it or choose another port in the profile"
                 )
         log = open(self.log_file(comp.name), "ab")
         proc = subprocess.Popen(
-            comp.argv,
+            comp.exec_prefix + comp.argv,
             env={**os.environ, **comp.env},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -163,7 +166,7 @@ class ProcessManager:
                 f"{self.log_file(comp.name)}:\n{log_tail(self.log_file(comp.name))}"
             )
         if not comp.health_url:  # no HTTP health: ready once it listens
-            return all(port_in_use(p) for p in comp.ports)
+            return all(port_in_use(p, comp.address) for p in comp.ports)
         try:
             r = httpx.get(comp.health_url, timeout=2)
         except httpx.HTTPError:

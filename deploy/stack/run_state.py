@@ -31,16 +31,24 @@ def stack_lock(run_dir: Path, blocking: bool = True):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def save_state(run_dir: Path, state: dict) -> None:
-    """Replace what the supervisor recorded per component (a reader never sees half a file)."""
-    tmp = run_dir / f".{STATE_FILE}.tmp"
+def state_file(host: str | None = None) -> str:
+    """Each supervisor's own record (on several hosts, one per host's agent)."""
+    return f"supervisor-{host}.json" if host else STATE_FILE
+
+
+def save_state(run_dir: Path, state: dict, host: str | None = None) -> None:
+    """Replace what a supervisor recorded per component (a reader never sees half a file)."""
+    tmp = run_dir / f".{state_file(host)}.tmp"
     tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, run_dir / STATE_FILE)
+    os.replace(tmp, run_dir / state_file(host))
 
 
 def load_state(run_dir: Path) -> dict:
-    """What the supervisor recorded per component (restarts, last exit reason, last restart)."""
-    try:
-        return json.loads((run_dir / STATE_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
+    """What the supervisors recorded per component (restarts, last exit reason, last restart)."""
+    out = {}
+    for path in sorted(run_dir.glob("supervisor*.json")):
+        try:
+            out |= json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            continue
+    return out

@@ -73,12 +73,14 @@ def registered_ports(frontend_url: str) -> set[int] | None:
 
 
 class Supervisor:
-    def __init__(self, cfg: StackConfig, comps: list[Component]):
-        self.cfg, self.sv = cfg, cfg.supervisor
+    def __init__(self, cfg: StackConfig, comps: list[Component], host: str | None = None):
+        """Watches ``comps``; ``host``: a host's agent, which watches only what runs on it and
+        leaves the dedicated deployments to the stack's supervisor."""
+        self.cfg, self.sv, self.host = cfg, cfg.supervisor, host
         self.comps = [c for c in comps if c.name != "supervisor"]
         self.pm = ProcessManager(cfg.run_dir)
         self.watch = {c.name: Watch(started=time.monotonic()) for c in self.comps}
-        self.dedicated = Reconciler(cfg, self.pm)
+        self.dedicated = Reconciler(cfg, self.pm) if host is None else None
         for name, saved in load_state(cfg.run_dir).items():  # a restarted supervisor keeps counts
             if name in self.watch:
                 self.watch[name].restarts = saved.get("restarts", 0)
@@ -104,7 +106,8 @@ class Supervisor:
                     if listed is None:
                         listed = registered_ports(self.cfg.frontend_url) or set()
                     self._check_registration(comp, w, listed, now)
-            self.dedicated.tick()
+            if self.dedicated is not None:
+                self.dedicated.tick()
 
     def _check_registration(self, comp: Component, w: Watch, listed: set[int], now: float) -> None:
         if not listed:  # the frontend is down or lists nobody: nothing to compare against
@@ -175,31 +178,45 @@ class Supervisor:
             name: {k: v for k, v in asdict(w).items() if k in ("restarts", "last_exit", "last_restart")}
             for name, w in self.watch.items()
         }
-        save_state(self.cfg.run_dir, state)
+        save_state(self.cfg.run_dir, state, self.host)
+
+    def _next_look(self) -> float:
+        return self.dedicated.next_look if self.dedicated is not None else float("inf")
 
     def run(self, stop: threading.Event) -> None:
         self._save()
         # sooner than poll_s while a dedicated deployment starts or drains (deploy/stack/reconciler.py)
-        while not stop.wait(max(0.05, min(self.sv.poll_s, self.dedicated.next_look - time.monotonic()))):
+        while not stop.wait(max(0.05, min(self.sv.poll_s, self._next_look() - time.monotonic()))):
             try:
                 self.tick()
             except Exception:  # one bad look must not end the supervision
                 log.exception("supervisor tick failed")
 
 
+def watched_by(cfg: StackConfig, host: str | None) -> list[Component]:
+    """On one host: every component. On several: a host's agent watches what runs on its host;
+    the stack's supervisor plays the hosts' init and brings back an agent that died with its host."""
+    from deploy.stack.launcher import components, supervisor_components
+
+    if not cfg.hosts.enabled:
+        return components(cfg)
+    if host is None:
+        return [c for c in supervisor_components(cfg) if c.host is not None]
+    return [c for c in components(cfg) if c.host == host]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Flywheel stack supervisor")
     parser.add_argument("--config", required=True, help="resolved StackConfig as JSON")
+    parser.add_argument("--host", help="on several hosts: watch what runs on this one (its agent)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health look is noise
     cfg = StackConfig.model_validate_json(Path(args.config).read_text())
-    from deploy.stack.launcher import components
-
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    Supervisor(cfg, components(cfg)).run(stop)
+    Supervisor(cfg, watched_by(cfg, args.host), args.host).run(stop)
 
 
 if __name__ == "__main__":

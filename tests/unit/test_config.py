@@ -153,11 +153,11 @@ def test_the_supervisor_finds_the_stack_when_the_home_was_given_relative(tmp_pat
     """It runs in the run dir: a relative home must not be read again from there (it was, and the
     supervisor restarted components it could not see into a nested run dir)."""
     from deploy.stack.config import StackConfig
-    from deploy.stack.launcher import supervisor_component
+    from deploy.stack.launcher import supervisor_components
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config("local", ["home=.flywheel", "model_dir=models/mine"], environ={})
-    argv = supervisor_component(cfg).argv
+    argv = supervisor_components(cfg)[0].argv
     monkeypatch.chdir(cfg.run_dir)
     seen = StackConfig.model_validate_json(open(argv[argv.index("--config") + 1]).read())
     assert seen.run_dir == tmp_path / ".flywheel" / "run"

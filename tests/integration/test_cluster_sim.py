@@ -1,0 +1,322 @@
+"""The stack across hosts (`-p cluster-sim`): five Linux network namespaces on one bridge, Dynamo
+discovering over a real etcd, requests crossing hosts on its TCP request plane, two gateways
+sharing Redis and one trace store. Up through the CLI as a user would; then hosts are killed
+while traffic runs through both gateways, and everything sent is counted."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.stack import netns
+from deploy.stack.config import load_config
+from deploy.stack.launcher import components, down
+from deploy.stack.processes import ProcessManager
+from deploy.stack.sockets import component_listeners, group_listening_ports
+from deploy.stack.supervisor import registered_ports
+from traces.store import TraceStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.runs_last]
+
+# the test's own bridge and subnet: a developer's `flywheel up -p cluster-sim` may be running
+HOSTS = [
+    "hosts.bridge=fwt",
+    "hosts.subnet=10.89.1.0/24",
+    "hosts.hosts="
+    + json.dumps(
+        [
+            {"name": "control", "address": "10.89.1.10", "roles": ["control"]},
+            {"name": "worker1", "address": "10.89.1.21", "roles": ["worker"]},
+            {"name": "worker2", "address": "10.89.1.22", "roles": ["worker"]},
+            {"name": "gw1", "address": "10.89.1.31", "roles": ["gateway"]},
+            {"name": "gw2", "address": "10.89.1.32", "roles": ["gateway"]},
+        ]
+    ),
+    "supervisor.poll_s=0.5",
+    "gateway.trace_flush_age_s=5",  # a gateway host that dies leaves rows in its spool
+]
+
+
+def cli(home: Path, *args: str) -> subprocess.CompletedProcess:
+    sets = [a for kv in [f"home={home}", *HOSTS] for a in ("--set", kv)]
+    flywheel = str(Path(sys.executable).parent / "flywheel")
+    return subprocess.run([flywheel, *args, "-p", "cluster-sim", *sets], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    home = tmp_path_factory.mktemp("flywheel-cluster")
+    cfg = load_config("cluster-sim", [f"home={home}", *HOSTS], environ={})
+    started = cli(home, "up")
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        yield cfg
+    finally:
+        down(cfg)
+        assert not any(netns.exists(cfg.hosts, h) for h in cfg.hosts.hosts), "a host namespace outlived `down`"
+
+
+def gateways(cfg) -> list[str]:
+    return [f"http://{h.address}:{cfg.gateway.port}" for h in cfg.hosts.with_role("gateway")]
+
+
+def host(cfg, name: str):
+    return next(h for h in cfg.hosts.hosts if h.name == name)
+
+
+def wait_until(check, timeout_s: float, what: str) -> float:
+    t0 = time.monotonic()
+    while True:
+        try:
+            if check():
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() - t0 < timeout_s, f"{what} not within {timeout_s} s"
+        time.sleep(0.2)
+
+
+def instances(cfg) -> int:
+    return len(registered_ports(cfg.frontend_url) or ())
+
+
+class Traffic:
+    """Streams at a steady rate, alternating gateways, eight sessions in turn. A client whose
+    connection to its gateway fails (refused, reset) retries once on the other one, as a client of
+    a load balancer would. Each request ends as one kind: ok, retried (then ok), refused (an HTTP
+    error), cut (the stream ended without its last event), lost (both connections failed)."""
+
+    def __init__(self, cfg, rps: float = 8, max_tokens: int = 24):
+        self.urls, self.period, self.max_tokens = gateways(cfg), 1 / rps, max_tokens
+        self.kinds: Counter = Counter()
+        self.acked: list[str] = []  # trace ids of complete answers
+        self.acked_by: dict[str, list[str]] = {url: [] for url in self.urls}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._loop = threading.Thread(target=self._run)
+
+    def _stream(self, url: str, i: int) -> tuple[str, str | None]:
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"session {i % 8}: turn {i}"}],
+            "max_tokens": self.max_tokens,
+            "stream": True,
+        }
+        started = False
+        try:
+            with httpx.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, headers={"X-Session-ID": f"s{i % 8}"}, timeout=60
+            ) as r:
+                if r.status_code != 200:
+                    r.read()
+                    return "refused", f"{r.status_code} {r.text[:200]}"
+                last = ""
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        started, last = True, line
+                return ("ok", r.headers.get("x-trace-id")) if last.strip() == "data: [DONE]" else ("cut", last[:200])
+        except httpx.TransportError as exc:
+            return "lost", f"{type(exc).__name__} after {'some' if started else 'no'} tokens: {exc}"
+
+    def _one(self, i: int) -> None:
+        url = self.urls[i % 2]
+        kind, detail = self._stream(url, i)
+        if kind == "lost":
+            url = self.urls[(i + 1) % 2]
+            kind, detail = self._stream(url, i)
+            kind = "retried" if kind == "ok" else kind
+        self.kinds[kind] += 1
+        if kind in ("ok", "retried"):
+            self.acked.append(detail)
+            self.acked_by[url].append(detail)
+        else:
+            self.errors.append(f"{kind}: {detail}")
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            t = threading.Thread(target=self._one, args=(i,))
+            t.start()
+            self._threads.append(t)
+            i += 1
+            time.sleep(self.period)
+        for t in self._threads:
+            t.join()
+
+    def __enter__(self) -> "Traffic":
+        self._loop.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._loop.join()
+
+    def answered(self) -> int:
+        return self.kinds["ok"] + self.kinds["retried"]
+
+    def table(self, what: str) -> str:
+        sent = len(self._threads)
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.kinds.items()))
+        return f"{what}: sent {sent}, {kinds}" + (f"; first errors: {self.errors[:3]}" if self.errors else "")
+
+
+def stored(cfg, trace_ids: list[str]) -> list[str]:
+    quoted = ", ".join(f"'{t}'" for t in trace_ids)
+    return (
+        TraceStore(cfg.traces_path)
+        .sql(f"SELECT trace_id FROM traces WHERE trace_id IN ({quoted})")
+        .column("trace_id")
+        .to_pylist()
+    )
+
+
+def test_up_places_each_component_on_its_host_listening_on_that_hosts_address_only(cluster):
+    shown = json.loads(cli(cluster.home_path, "status", "--json").stdout)
+    where = {r["name"]: r["host"] for r in shown}
+    assert all(r["healthy"] for r in shown), [r for r in shown if not r["healthy"]]
+    for comp in components(cluster):
+        assert where[comp.name] == comp.host is not None
+    address = {h.name: h.address for h in cluster.hosts.hosts}
+    comps = components(cluster)
+    listeners = component_listeners(cluster.run_dir, [c.name for c in comps])
+    host_of = {c.name: c.host for c in comps}
+    assert {name for name, _, _ in listeners} == {c.name for c in comps}, "a component listens on nothing"
+    wrong = [(name, addr, port) for name, addr, port in listeners if addr != address[host_of[name]]]
+    assert not wrong, f"listening beyond its host's address: {wrong}"
+    # a process on a host has no route off this machine
+    route = subprocess.run(
+        [*netns.exec_prefix(cluster.hosts, host(cluster, "worker1")), "ip", "route"], capture_output=True, text=True
+    )
+    assert "default" not in route.stdout and route.stdout.strip()
+
+
+def test_each_gateway_serves_and_either_one_finds_every_row(cluster):
+    ids = {}
+    for url in gateways(cluster):
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": f"hello from {url}"}], "max_tokens": 4},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        ids[url] = r.headers["x-trace-id"]
+    sql = "SELECT trace_id FROM traces WHERE trace_id IN (" + ", ".join(f"'{t}'" for t in ids.values()) + ")"
+    admin = {"Authorization": f"Bearer {cluster.admin_key()}"}
+
+    def rows(url: str) -> int:
+        r = httpx.post(f"{url}/v1/traces/query", json={"sql": sql}, headers=admin, timeout=30)
+        assert r.status_code == 200, r.text
+        return len(r.json()["rows"])
+
+    for url in gateways(cluster):  # each gateway's query sees the row the other one wrote
+        wait_until(lambda: rows(url) == 2, 60, f"both rows through {url}")
+
+
+def test_a_worker_host_lost_fails_no_request_and_comes_back_by_itself(cluster):
+    pm = ProcessManager(cluster.run_dir)
+    wait_until(lambda: instances(cluster) == 2, 60, "both workers registered")
+    lost = host(cluster, "worker1")
+    with Traffic(cluster) as traffic:
+        wait_until(lambda: traffic.answered() >= 40, 120, "traffic flowing")
+        before = pm.pid("worker-0")
+        dead = group_listening_ports(before)
+        for pid in netns.pids(cluster.hosts, lost):  # the host dies: every process in it
+            os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        gone_s = wait_until(
+            lambda: not dead & (registered_ports(cluster.frontend_url) or dead), 60, "the dead worker out of routing"
+        )
+        wait_until(lambda: pm.pid("worker-0") not in (None, before) and instances(cluster) == 2, 120, "worker1 serving again")
+        after = traffic.answered()
+        wait_until(lambda: traffic.answered() >= after + 40, 120, "traffic after the host came back")
+    print(
+        f"\n{traffic.table('worker host lost')}; out of routing after {gone_s:.1f} s, "
+        f"serving again {time.monotonic() - killed_at:.1f} s after the kill"
+    )
+    assert traffic.kinds["ok"] == traffic.answered() == len(traffic.acked) > 0 and not traffic.errors, traffic.errors[:5]
+    wait_until(lambda: len(stored(cluster, traffic.acked)) == len(traffic.acked), 60, "every answer's trace row")
+
+
+def test_etcd_restarted_the_stack_keeps_serving_and_discovers_again(cluster):
+    pm = ProcessManager(cluster.run_dir)
+    wait_until(lambda: instances(cluster) == 2, 60, "both workers registered")
+    with Traffic(cluster) as traffic:
+        wait_until(lambda: traffic.answered() >= 20, 120, "traffic flowing")
+        old = pm.pid("etcd")
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: pm.pid("etcd") not in (None, old), 30, "etcd restarted by the supervisor")
+        # discovery works again: a worker started now registers
+        worker = pm.pid("worker-1")
+        os.killpg(worker, signal.SIGKILL)
+        wait_until(lambda: pm.pid("worker-1") not in (None, worker) and instances(cluster) == 2, 120, "a new registration")
+        after = traffic.answered()
+        wait_until(lambda: traffic.answered() >= after + 20, 120, "traffic after")
+    print(f"\n{traffic.table('etcd restarted')}")
+    assert traffic.kinds["ok"] == traffic.answered() > 0 and not traffic.errors, traffic.errors[:5]
+
+
+def test_a_gateway_host_lost_loses_nothing_acknowledged(cluster):
+    pm = ProcessManager(cluster.run_dir)
+    lost = host(cluster, "gw2")
+    with Traffic(cluster) as traffic:
+        wait_until(lambda: traffic.answered() >= 20, 120, "traffic flowing")
+        before = pm.pid("gateway-gw2")
+        for pid in netns.pids(cluster.hosts, lost):
+            os.kill(pid, signal.SIGKILL)
+        by_lost = list(traffic.acked_by[f"http://{lost.address}:{cluster.gateway.port}"])
+        spooled = set(by_lost) - set(stored(cluster, by_lost))  # acknowledged, not yet in Parquet
+        wait_until(lambda: traffic.kinds["retried"] >= 5, 60, "clients retrying on the other gateway")
+        wait_until(lambda: pm.pid("gateway-gw2") not in (None, before), 60, "gw2's gateway restarted")
+        after = traffic.kinds["ok"]
+        wait_until(lambda: traffic.kinds["ok"] >= after + 20, 120, "both gateways answering again")
+    print(f"\n{traffic.table('gateway host lost')}; {len(spooled)} of gw2's answers only in its spool when it died")
+    assert not traffic.errors, traffic.errors[:5]
+    assert spooled, "nothing was left in the lost gateway's spool: the kill came too late to test it"
+    wait_until(lambda: len(stored(cluster, traffic.acked)) == len(traffic.acked), 60, "every acknowledged answer's row")
+    assert len(set(stored(cluster, traffic.acked))) == len(stored(cluster, traffic.acked)), "a row stored twice"
+
+
+def test_redis_lost_the_gateways_serve_on_their_local_share(cluster):
+    pm = ProcessManager(cluster.run_dir)
+    with Traffic(cluster) as traffic:
+        wait_until(lambda: traffic.answered() >= 20, 120, "traffic flowing")
+        old = pm.pid("redis")
+        os.kill(old, signal.SIGKILL)
+        after = traffic.answered()
+        wait_until(lambda: traffic.answered() >= after + 30, 120, "traffic while Redis is gone")
+        wait_until(lambda: pm.pid("redis") not in (None, old), 60, "Redis restarted on the control host")
+    print(f"\n{traffic.table('redis lost')}")
+    assert traffic.kinds["ok"] == traffic.answered() > 0 and not traffic.errors, traffic.errors[:5]
+
+
+def test_a_worker_host_cut_off_for_30_s_fails_nothing_and_rejoins_once(cluster):
+    pm = ProcessManager(cluster.run_dir)
+    wait_until(lambda: instances(cluster) == 2, 120, "both workers registered")
+    cut = host(cluster, "worker2")
+    with Traffic(cluster) as traffic:
+        wait_until(lambda: traffic.answered() >= 20, 120, "traffic flowing")
+        netns.set_link(cluster.hosts, cut, up=False)
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 30:  # the partition lasts 30 s whatever the traffic does
+                time.sleep(0.5)
+        finally:
+            netns.set_link(cluster.hosts, cut, up=True)
+        wait_until(lambda: instances(cluster) == 2 and pm.pid("worker-1") is not None, 120, "worker2 serving again")
+        after = traffic.answered()
+        wait_until(lambda: traffic.answered() >= after + 40, 120, "traffic after healing")
+    print(f"\n{traffic.table('worker host cut off 30 s')}; instances after healing: {instances(cluster)}")
+    assert traffic.kinds["ok"] == traffic.answered() > 0 and not traffic.errors, traffic.errors[:5]
+    assert instances(cluster) == 2, "a worker registered twice after healing"
+    wait_until(lambda: len(stored(cluster, traffic.acked)) == len(traffic.acked), 60, "every answer's trace row")
+    rows = stored(cluster, traffic.acked)
+    assert len(rows) == len(set(rows)), "a request answered (and stored) twice"
