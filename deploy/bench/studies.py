@@ -12,6 +12,8 @@ pd-vs-agg   two vLLM-CPU workers aggregated vs one prefill + one decode (NIXL): 
             compared request by request, ITL p90
 pd-delay    prefill + decode with NIXL's progress thread busy-polling (delay 0) vs our 100 ms
             fallback wake-up: idle CPU of the stack, TTFT, ITL, errors
+hosts       one host (`sim`) vs five (`cluster-sim`: network namespaces, etcd discovery, requests
+            and KV events across hosts), the same 2 mocker workers: prefix reuse, TTFT (root)
 
 Each study prints a table, writes <out>/<study>.json and <out>/<study>.png. Arms run one after
 the other on the same machine, with the same request plan (same seed).
@@ -71,7 +73,7 @@ class Runner:
             f"gateway.port={p + 40}",
             f"worker.nixl_port_base={p + 20}",
         ]
-        if profile == "sim":
+        if profile in ("sim", "cluster-sim"):
             sets += [f"worker.speedup_ratio={self.speedup}", "worker.max_model_len=65536"]
         cfg = load_config(profile, sets + overrides, environ={})
         print(f"[{name}] starting {profile} with {' '.join(overrides) or 'defaults'}", flush=True)
@@ -217,6 +219,22 @@ def pd_delay(r: Runner, a) -> dict:
     }
 
 
+def hosts(r: Runner, a) -> dict:
+    """The same workload on one host and across five: what discovery over etcd and requests,
+    responses and KV events crossing hosts cost, and whether the router still sees every
+    worker's cache."""
+    results = {name: r.arm(f"hosts-{name}", name, [], SIM_SHAPE, a.concurrency) for name in ("sim", "cluster-sim")}
+    one, five = results["sim"], results["cluster-sim"]
+    results["ratio"] = {
+        "cluster_sim_over_sim": {
+            "ttft_p50": round(five["ttft_ms"]["p50"] / one["ttft_ms"]["p50"], 2),
+            "ttft_p90": round(five["ttft_ms"]["p90"] / one["ttft_ms"]["p90"], 2),
+            "prefix_reuse": round(five["prefix_reuse_of_ideal"] / one["prefix_reuse_of_ideal"], 3),
+        }
+    }
+    return results
+
+
 def plot_sweep(results: dict, path: Path) -> None:
     """Per-user speed against concurrency, one line per prefill:decode split."""
     import matplotlib
@@ -245,7 +263,7 @@ def plot_sweep(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-STUDIES = {"ttft": ttft, "budget": budget, "pd-ratio": pd_ratio, "pd-vs-agg": pd_vs_agg, "pd-delay": pd_delay}
+STUDIES = {"ttft": ttft, "budget": budget, "pd-ratio": pd_ratio, "pd-vs-agg": pd_vs_agg, "pd-delay": pd_delay, "hosts": hosts}
 
 
 def main(argv: list[str] | None = None) -> None:

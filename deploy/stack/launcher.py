@@ -1,9 +1,11 @@
 """`flywheel up / status / down`: the local stack as processes under one run directory.
 
-Order: Dynamo frontend (KV router, file discovery) -> dynamo.vllm workers -> gateway. Each step
-waits for health with a progress display; if a process dies, the launcher stops what it started
-and shows that process's log tail. `up` is idempotent (what runs is left alone) and leaves the
-supervisor running (deploy/stack/supervisor.py), which restarts what crashes; `down` stops it first.
+Order: Dynamo frontend (KV router; file discovery, or etcd on several hosts) -> workers ->
+gateway. Each step waits for health with a progress display; if a process dies, the launcher
+stops what it started and shows that process's log tail. `up` is idempotent (what runs is left
+alone) and leaves the supervisor running (deploy/stack/supervisor.py; one per host on several),
+which restarts what crashes; `down` stops it first. On several hosts `up` first creates them
+(deploy/stack/netns.py) and `down` removes them last.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ console = Console(stderr=True)
 
 
 def components(cfg: StackConfig) -> list[Component]:
-    """Everything `up` starts, in order: the stack's shared parts, the profile's serverless graph
-    (unless a blue-green deploy retired it), the gateway."""
+    """Everything `up` starts, in order: the stack's shared parts (etcd on several hosts, Redis,
+    the host tier), the profile's serverless graph (unless a blue-green deploy retired it), the
+    gateway (one per gateway host)."""
     comps = [etcd_component(cfg)] if cfg.hosts.enabled else []
     if cfg.redis.enabled:
         comps.append(redis_component(cfg))

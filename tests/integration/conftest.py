@@ -4,6 +4,8 @@ the gateway, on ports that do not clash with a developer's own `flywheel up`."""
 import time
 from contextlib import contextmanager
 
+import httpx
+
 import pytest
 
 from deploy.stack.config import load_config
@@ -127,3 +129,16 @@ def exposed_listeners(cfg) -> tuple[set[str], list]:
 
     listeners = component_listeners(cfg.run_dir, [c.name for c in components(cfg)])
     return {name for name, _, _ in listeners}, [e for e in listeners if not is_loopback(e[1])]
+
+
+def wait_until(check, timeout_s: float, what: str) -> float:
+    """Seconds until ``check()`` held; fails the test after ``timeout_s``."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            if check():
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() - t0 < timeout_s, f"{what} not within {timeout_s} s"
+        time.sleep(0.2)

@@ -22,6 +22,7 @@ from deploy.stack.launcher import components, down
 from deploy.stack.processes import ProcessManager
 from deploy.stack.sockets import component_listeners, group_listening_ports
 from deploy.stack.supervisor import registered_ports
+from tests.integration.conftest import wait_until
 from traces.store import TraceStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.runs_last]
@@ -70,18 +71,6 @@ def gateways(cfg) -> list[str]:
 
 def host(cfg, name: str):
     return next(h for h in cfg.hosts.hosts if h.name == name)
-
-
-def wait_until(check, timeout_s: float, what: str) -> float:
-    t0 = time.monotonic()
-    while True:
-        try:
-            if check():
-                return time.monotonic() - t0
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() - t0 < timeout_s, f"{what} not within {timeout_s} s"
-        time.sleep(0.2)
 
 
 def instances(cfg) -> int:

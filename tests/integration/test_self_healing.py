@@ -16,7 +16,7 @@ from deploy.stack.launcher import down, status, up
 from deploy.stack.processes import ProcessManager, group_pids
 from deploy.stack.sockets import group_listening_ports
 from deploy.stack.supervisor import registered_ports
-from tests.integration.conftest import exposed_listeners, sim_stack_on
+from tests.integration.conftest import exposed_listeners, sim_stack_on, wait_until
 from traces.store import TraceStore
 
 pytestmark = pytest.mark.integration
@@ -51,19 +51,6 @@ def chat(cfg, i: int, stream: bool, max_tokens: int = 8) -> tuple[int, str | Non
         lines = [line for line in r.iter_lines() if line.startswith("data:")]
         ok = r.status_code == 200 and lines and lines[-1].strip() == "data: [DONE]"
         return (200 if ok else r.status_code or 599), r.headers.get("x-trace-id")
-
-
-def wait_until(check, timeout_s: float, what: str) -> float:
-    """Seconds until ``check()`` held; fails the test after ``timeout_s``."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            if check():
-                return time.monotonic() - t0
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() - t0 < timeout_s, f"{what} not within {timeout_s} s"
-        time.sleep(0.2)
 
 
 def gateway_serves(cfg) -> bool:
