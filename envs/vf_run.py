@@ -102,10 +102,11 @@ async def _episodes(
     out = []
     for ep, (_, example_id, _) in zip(episodes, runs):
         tr = ep.traces[0]
-        failure = ""
+        failure, last = "", tr.last_error
         if not ep.ok:
-            last = tr.last_error
-            failure = f"{tr.stop_condition}: {last.type} {last.status_code or ''} {last.message}" if last else str(tr.stop_condition)
+            failure = str(tr.stop_condition)
+            if last:
+                failure += f": {last.type} {last.status_code or ''} {last.message}"
         out.append(
             EpisodeResult(
                 example_id=example_id,
