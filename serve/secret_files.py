@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from traces.files import temp_beside
+
 
 def write_private(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` with mode 0600; no moment exists at which another user could
     read it (the temporary file is created 0600, then renamed over ``path``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_beside(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, 0o600)  # an existing temp file keeps its old mode otherwise

@@ -5,6 +5,7 @@ returns (the file fsync'd, and the folder that names it, so a crash cannot lose 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 FILE_MODE, DIR_MODE = 0o600, 0o700
@@ -44,9 +45,16 @@ def seal(tmp: Path, final: Path) -> None:
     fsync_path(final.parent)
 
 
+def temp_beside(path: Path, suffix: str = ".tmp") -> Path:
+    """A temporary name next to ``path``, this thread's own. One per process was not enough:
+    two threads replacing the same file at once (20 requests waking a deployment, each refreshing
+    the shared table) wrote the same temporary file, and the second rename found it gone: a 500."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}{suffix}")
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """``path`` holds ``data`` (all of it, or its old contents after a crash), mode 0600."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_beside(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
     os.fchmod(fd, FILE_MODE)  # an existing temp file keeps its old mode otherwise
     _write_all(fd, data)

@@ -22,6 +22,7 @@ from pathlib import Path
 from serve.auth import Caller
 from serve.keys import KeyStore
 from serve.secret_files import write_private
+from traces.files import temp_beside
 
 COOKIE = "fw_session"
 
@@ -40,7 +41,7 @@ def load_secret(path: str | None) -> bytes:
         return secrets.token_bytes(32)
     target = Path(path)
     if not target.exists():
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.new")
+        tmp = temp_beside(target, ".new")
         write_private(tmp, secrets.token_hex(32))
         try:
             os.link(tmp, target)  # fails if another replica made it first: theirs stands

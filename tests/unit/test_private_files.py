@@ -56,3 +56,24 @@ def test_traces_feedback_batches_and_ledgers_are_private(tmp_path):
             loose.append((str(p.relative_to(root)), oct(mode)))
     assert not loose, loose
     assert list(root.rglob("*.parquet")) and list(root.rglob("results-*.jsonl")) and (root / "spend.json").exists()
+
+
+def test_threads_replacing_one_file_at_once_each_replace_it_whole(tmp_path):
+    """20 requests waking a scaled-to-zero deployment refreshed the shared table at once: two
+    threads wrote the same temporary name and the second rename failed (a 500 in CI)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from serve.secret_files import write_private
+    from traces.files import write_atomic
+
+    table, secret = tmp_path / "deployments.json", tmp_path / "keys.json"
+
+    def write(i: int) -> None:
+        for _ in range(50):
+            write_atomic(table, f'{{"writer": {i}}}'.encode())
+            write_private(secret, f'{{"writer": {i}}}')
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(write, range(16)))  # re-raises what any writer raised
+    assert table.read_text().startswith('{"writer": ') and secret.read_text().startswith('{"writer": ')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deployments.json", "keys.json"]  # no temporary left
