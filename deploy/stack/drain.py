@@ -3,10 +3,10 @@ then what it is serving finishes, then it stops. Dynamo's own scale-down does no
 (ai-dynamo/dynamo#13559: what still runs is aborted after a grace period), and a plain SIGTERM
 here is followed by SIGKILL once the stop's timeout passes, whatever the worker still streams.
 
-- Out of routing: the worker's instance entries are removed from the graph's file discovery.
-  The frontend watches that folder and routes nothing new to it (measured: none of 20 requests
-  sent 0.5 s after the removal reached it); the worker's keep-alive refreshes an entry but never
-  writes one back.
+- Out of routing: the worker's instance entries are removed from the graph's discovery: files
+  on one host, etcd keys on several. The frontend watches them and routes nothing new to it
+  (measured on files: none of 20 requests sent 0.5 s after the removal reached it); the worker's
+  keep-alive refreshes an entry (or renews its lease) but never writes one back.
 - Finished: the worker's own metrics say no generate request is in flight
   (``dynamo_component_inflight_requests``), after a grace for a request the frontend routed just
   before the removal, and at most ``timeout_s`` after it left routing.
@@ -14,11 +14,13 @@ here is followed by SIGKILL once the stop's timeout passes, whatever the worker 
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 from urllib.parse import quote
 
 import httpx
@@ -52,6 +54,31 @@ def leave_routing(discovery_dir: Path, worker_id: str) -> int:
     return removed
 
 
+INSTANCES = b"v1/instances/"  # Dynamo's discovery keys, the same on every backend
+
+
+def leave_etcd_routing(etcd_url: str, worker_id: str) -> int:
+    """The same on etcd (its JSON gateway): delete worker ``worker_id``'s keys; how many there
+    were (0 when etcd cannot be reached: the drain then waits for the worker's requests alone)."""
+
+    def call(op: str, **fields: bytes | bool) -> dict:
+        body = {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in fields.items()}
+        r = httpx.post(f"{etcd_url}/v3/kv/{op}", json=body, timeout=5)
+        r.raise_for_status()
+        return r.json()
+
+    end = INSTANCES[:-1] + bytes([INSTANCES[-1] + 1])
+    try:
+        keys = [base64.b64decode(kv["key"]) for kv in call("range", key=INSTANCES, range_end=end, keys_only=True).get("kvs", [])]
+        mine = [k for k in keys if k.endswith(f"/{worker_id}".encode())]
+        for key in mine:
+            call("deleterange", key=key)
+    except httpx.HTTPError as exc:
+        log.warning("worker %s stays in routing: etcd at %s: %s", worker_id, etcd_url, exc)
+        return 0
+    return len(mine)
+
+
 @dataclass
 class _Drain:
     left_at: float
@@ -68,15 +95,16 @@ class Drains:
     def __contains__(self, name: str) -> bool:
         return name in self.draining
 
-    def step(self, name: str, admin_url: str, discovery_dir: Path) -> bool:
-        """Move worker ``name`` along its drain; True once it may be stopped."""
+    def step(self, name: str, admin_url: str, leave: Callable[[str], int]) -> bool:
+        """Move worker ``name`` along its drain (``leave(worker_id)`` takes it out of routing);
+        True once it may be stopped."""
         now = time.monotonic()
         load = worker_load(admin_url)
         drain = self.draining.get(name)
         if drain is None:
             worker_id = load[0] if load else None
             if worker_id is not None:
-                leave_routing(discovery_dir, worker_id)
+                leave(worker_id)
             drain = self.draining[name] = _Drain(now, worker_id)
             log.info("%s: out of routing, draining (%s in flight)", name, load[1] if load else "?")
         if load is None or load[0] != drain.worker_id:  # gone or not answering: nothing to wait for

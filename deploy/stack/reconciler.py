@@ -21,6 +21,7 @@ its slot still held and billed. One scaled back up while it drains is started an
 from __future__ import annotations
 
 import logging
+from functools import partial
 import time
 
 import httpx
@@ -28,7 +29,7 @@ import httpx
 from deploy.stack.autoscaler import Autoscaler, Signals, frontend_signals
 from deploy.stack.config import StackConfig
 from deploy.stack.graphs import graph_config, graph_indexes, graph_processes
-from deploy.stack.drain import Drains
+from deploy.stack.drain import Drains, leave_etcd_routing, leave_routing
 from deploy.stack.dynamo_graph import deployment_components, discovery_dir
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
 from serve.engine_admin import LORA_ROUTE, lora_load_body
@@ -130,7 +131,11 @@ class Reconciler:
         if not (name.startswith("worker-") and index.isdigit()) or self.pm.pid(name) is None:
             self.drains.forget(name)
             return True
-        return self.drains.step(name, g.worker_admin_url(int(index)), discovery_dir(g))
+        if g.hosts.enabled:
+            leave = partial(leave_etcd_routing, g.hosts.etcd_url)
+        else:
+            leave = partial(leave_routing, discovery_dir(g))
+        return self.drains.step(name, g.worker_admin_url(int(index)), leave)
 
     def _seen(self, g: StackConfig, mine: list[str], ready: int, failed: str | None = None) -> dict:
         """The report on graph ``g``, whose processes were ``mine`` at the start of this look (one

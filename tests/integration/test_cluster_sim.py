@@ -309,3 +309,74 @@ def test_a_worker_host_cut_off_for_30_s_fails_nothing_and_rejoins_once(cluster):
     wait_until(lambda: len(stored(cluster, traffic.acked)) == len(traffic.acked), 60, "every answer's trace row")
     rows = stored(cluster, traffic.acked)
     assert len(rows) == len(set(rows)), "a request answered (and stored) twice"
+
+
+def _on_host(cluster, name: str) -> str | None:
+    pid = ProcessManager(cluster.run_dir).pid(name)
+    return next((h.name for h in cluster.hosts.hosts if pid in netns.pids(cluster.hosts, h)), None)
+
+
+def _long_stream(url: str, key: str, model: str, out: list, started: threading.Event) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "a long one"}], "max_tokens": 1500, "ignore_eos": True}
+    tokens, last = 0, ""
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={**body, "stream": True},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=120,
+    ) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and line.strip() != "data: [DONE]":
+                tokens += 1
+                started.set()
+            last = line or last
+    out.append((r.status_code, tokens > 1000, last.strip() == "data: [DONE]"))
+
+
+def test_a_dedicated_deployment_spreads_over_the_worker_hosts_and_scales_down_without_cutting_a_stream(cluster):
+    from serve.keys import KeyStore
+
+    gw = gateways(cluster)[0]
+    admin = {"Authorization": f"Bearer {cluster.admin_key()}"}
+    _, key = KeyStore(cluster.resolved_gateway().keys_file).create("alpha")
+    dep = httpx.post(
+        f"{gw}/v1/deployments",
+        json={"model": "tiny", "name": "spread", "replicas": 2, "team": "alpha"},
+        headers=admin,
+        timeout=30,
+    )
+    assert dep.status_code in (200, 201, 202), dep.text
+    dep_id = dep.json()["id"]
+
+    def seen() -> dict:
+        return httpx.get(f"{gw}/v1/deployments/{dep_id}", headers=admin, timeout=30).json()
+
+    wait_until(lambda: seen()["status"] == "RUNNING" and seen()["replicas"]["ready"] == 2, 120, "two replicas running")
+    assert {_on_host(cluster, f"worker-{i}-{dep_id}") for i in (0, 1)} == {"worker1", "worker2"}
+    done, started = [], [threading.Event() for _ in range(6)]
+    streams = [threading.Thread(target=_long_stream, args=(gw, key, "alpha/spread", done, started[i])) for i in range(6)]
+    for t, s in zip(streams, started):
+        t.start()
+        assert s.wait(30), "a long stream did not start"
+    r = httpx.post(f"{gw}/v1/deployments/{dep_id}/scale", json={"replicas": 1}, headers=admin, timeout=30)
+    assert r.status_code == 202, r.text
+    wait_until(lambda: seen()["replicas"]["draining"] == 1, 30, "the replica scaled away draining")
+    # the draining replica left routing (its etcd keys deleted): what is sent now goes to the other
+    after = []
+    for i in range(20):
+        body = {"model": "alpha/spread", "messages": [{"role": "user", "content": f"after {i}"}], "max_tokens": 4}
+        r = httpx.post(f"{gw}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert r.status_code == 200, r.text
+        after.append(r.headers["x-trace-id"])
+    quoted = ", ".join(f"'{t}'" for t in after)
+    workers = f"SELECT DISTINCT worker_id FROM traces WHERE trace_id IN ({quoted})"
+    wait_until(lambda: len(stored(cluster, after)) == 20, 60, "the rows of the requests sent while draining")
+    assert len(TraceStore(cluster.traces_path).sql(workers).column("worker_id").to_pylist()) == 1, "sent to the draining replica"
+    for t in streams:
+        t.join(120)
+    wait_until(lambda: seen()["status"] == "RUNNING" and seen()["replicas"]["ready"] == 1, 120, "one replica left")
+    print(f"\ndedicated scale 2 -> 1 across hosts: {len(done)} long streams, {sum(d == (200, True, True) for d in done)} whole")
+    assert done == [(200, True, True)] * 6, done
+    httpx.delete(f"{gw}/v1/deployments/{dep_id}", headers=admin, timeout=30)
+    wait_until(lambda: httpx.get(f"{gw}/v1/deployments/{dep_id}", headers=admin, timeout=30).status_code == 404, 60, "deleted")

@@ -1,14 +1,22 @@
-"""A worker being drained leaves file discovery (its entries only), and may stop only once its own
-metrics say nothing is in flight, or the drain's timeout has passed."""
+"""A worker being drained leaves discovery (its entries only: files on one host, etcd keys on
+several), and may stop only once its own metrics say nothing is in flight, or the drain's timeout
+has passed."""
 
+import base64
+import shutil
+import socket
+import subprocess
 import threading
+import time
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote
 
+import httpx
 import pytest
 
 from deploy.stack import drain
-from deploy.stack.drain import Drains, leave_routing, worker_load
+from deploy.stack.drain import Drains, leave_etcd_routing, leave_routing, worker_load
 
 WORKER, OTHER = "fbbd4dfd8208bc3", "9020d75a8eb7a543"
 
@@ -69,19 +77,74 @@ def test_a_drain_waits_for_the_generate_requests_in_flight(discovery, worker_met
     url, in_flight = worker_metrics
     assert worker_load(url) == (WORKER, 2)  # the generate endpoint's count, not the kv query's
     monkeypatch.setattr(drain, "IN_TRANSIT_GRACE_S", 0)
-    drains = Drains(timeout_s=3600)
-    assert drains.step("worker-1", url, discovery) is False
+    drains, leave = Drains(timeout_s=3600), partial(leave_routing, discovery)
+    assert drains.step("worker-1", url, leave) is False
     assert "worker-1" in drains and not list((discovery / "v1" / "instances").glob(f"*{WORKER}"))
     in_flight[0] = 1
-    assert drains.step("worker-1", url, discovery) is False
+    assert drains.step("worker-1", url, leave) is False
     in_flight[0] = 0
-    assert drains.step("worker-1", url, discovery) is True
+    assert drains.step("worker-1", url, leave) is True
     assert "worker-1" not in drains
 
 
 def test_a_drain_ends_at_its_timeout_or_when_the_worker_stops_answering(discovery, worker_metrics):
     url, _ = worker_metrics
+    leave = partial(leave_routing, discovery)
     drains = Drains(timeout_s=0)  # two requests stay in flight: the timeout ends it
-    assert drains.step("worker-1", url, discovery) is True
+    assert drains.step("worker-1", url, leave) is True
     drains = Drains(timeout_s=3600)
-    assert drains.step("worker-2", "http://127.0.0.1:9", discovery) is True  # nothing listens there
+    assert drains.step("worker-2", "http://127.0.0.1:9", leave) is True  # nothing listens there
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real etcd (Debian's etcd-server) on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    argv = [shutil.which("etcd") or "etcd", "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls", url]
+    argv += ["--advertise-client-urls", url, "--listen-peer-urls", "http://127.0.0.1:0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "etcd did not start"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _put(url: str, key: str) -> None:
+    body = {"key": base64.b64encode(key.encode()).decode(), "value": base64.b64encode(b"{}").decode()}
+    httpx.post(f"{url}/v3/kv/put", json=body, timeout=5).raise_for_status()
+
+
+def _keys(url: str) -> list[str]:
+    body = {"key": base64.b64encode(b"v").decode(), "range_end": base64.b64encode(b"w").decode(), "keys_only": True}
+    kvs = httpx.post(f"{url}/v3/kv/range", json=body, timeout=5).json().get("kvs", [])
+    return sorted(base64.b64decode(kv["key"]).decode() for kv in kvs)
+
+
+def test_on_etcd_leaving_routing_deletes_that_workers_instance_keys_only(etcd):
+    for worker in (WORKER, OTHER):
+        for endpoint in ("generate", f"worker_kv_query_source_{worker[:6]}"):
+            _put(etcd, f"v1/instances/flywheel-local/backend/{endpoint}/{worker}")
+    _put(etcd, f"v1/mdc/flywheel-local/backend/generate/{WORKER}")
+    assert leave_etcd_routing(etcd, WORKER) == 2
+    assert _keys(etcd) == sorted(
+        [
+            f"v1/instances/flywheel-local/backend/generate/{OTHER}",
+            f"v1/instances/flywheel-local/backend/worker_kv_query_source_{OTHER[:6]}/{OTHER}",
+            f"v1/mdc/flywheel-local/backend/generate/{WORKER}",  # the model stays listed
+        ]
+    )
+    assert leave_etcd_routing(etcd, WORKER) == 0
+    assert leave_etcd_routing("http://127.0.0.1:9", WORKER) == 0  # unreachable: it stays, the drain goes on
