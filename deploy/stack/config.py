@@ -159,7 +159,7 @@ class HostsConfig(StrictModel):
 
     subnet: str = Field("10.89.0.0/24", description="the hosts' subnet; the bridge takes its first address")
     bridge: str = Field(
-        "fwbr0", pattern=r"^[a-z][a-z0-9-]{0,14}$", description="the bridge joining the hosts (this machine only)"
+        "fwbr0", pattern=BRIDGE_NAME, description="the bridge joining the hosts (this machine only); names them too"
     )
     etcd_port: int = 2379
     hosts: list[HostConfig] = []

@@ -92,6 +92,7 @@ def test_one_host_profiles_stay_on_loopback_with_file_discovery(tmp_path):
             "a name and an address of its own",
         ),
         ('hosts.hosts=[{"name": "averylongname", "address": "10.89.0.10", "roles": ["control"]}]', "hosts.hosts.0.name"),
+        ("hosts.bridge=toolongbridge", "hosts.bridge"),  # <bridge>-<host> names an interface: 15 bytes
     ],
 )
 def test_a_layout_that_cannot_work_is_refused_saying_what_to_change(tmp_path, override, says):
