@@ -12,8 +12,13 @@ A restarted worker, once registered, loads again the LoRA adapters the alias tab
 Dedicated deployments' graphs are carried from the gateway's desired state into processes by
 deploy/stack/reconciler.py on the same looks.
 
-It and `flywheel up` serialise on ``stack.lock`` (deploy/stack/run_state.py), so a restart never races a start. What it did
-(restarts, last exit reason) goes to ``supervisor.json`` for `flywheel status`.
+On several hosts there is one per host (``--host``, a node agent watching what runs there) and the
+stack's own, which watches the agents (the hosts' init: an agent that died with its host comes
+back, and brings its host's components back) and runs the reconciler.
+
+They and `flywheel up` serialise on ``stack.lock`` (deploy/stack/run_state.py), so a restart never
+races a start. What each did (restarts, last exit reason) goes to ``supervisor.json`` (an agent's
+to ``supervisor-<host>.json``) for `flywheel status`.
 """
 
 from __future__ import annotations
