@@ -36,7 +36,7 @@ async def send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: floa
 
     A session's turn that gets a 5xx is sent once more without its session id. Dynamo keeps a
     session on its worker even after that worker died, for as long as the worker is still
-    registered (its discovery lease, 10 s, plus the watch: 25 s measured across hosts), and
+    registered (until its etcd lease of 30 s lapses: 22-27 s measured across hosts), and
     answers every such turn 500 at once ("Pinned worker ... is not eligible", "no endpoints
     available"); unpinned, its router places the turn on a live worker. Nothing ran: a 5xx comes
     before any token."""

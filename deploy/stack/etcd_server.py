@@ -1,6 +1,6 @@
-"""etcd for a multi-host profile: Dynamo's discovery store (leases of 10 s, renewed by each
-process), one member on the control host, started and stopped by PID like Redis. Debian's
-``etcd-server`` package (scripts/bootstrap.sh installs it)."""
+"""etcd for a multi-host profile: Dynamo's discovery store (a 30 s lease per process, renewed
+by it: measured with etcd's /v3/lease/timetolive), one member on the control host, started and
+stopped by PID like Redis. Debian's ``etcd-server`` package (scripts/bootstrap.sh installs it)."""
 
 from __future__ import annotations
 

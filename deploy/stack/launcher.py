@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import httpx
 from rich.console import Console
@@ -29,7 +30,7 @@ from deploy.stack.netns import place
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
 from deploy.stack.reconciler import Reconciler
 from deploy.stack.serverless import retired, worker_index
-from deploy.stack.run_state import load_state, stack_lock
+from deploy.stack.run_state import load_state, stack_lock, state_files
 from serve.config import GatewayConfig
 from serve.secret_files import write_private
 
@@ -53,14 +54,10 @@ def components(cfg: StackConfig) -> list[Component]:
 
 def redis_component(cfg: StackConfig) -> Component:
     """Redis for the gateways' shared state; on several hosts it listens beyond loopback, so it
-    wants the run dir's password (from a 0600 config file: not on its command line)."""
-    conf = []
-    if cfg.hosts.enabled:
-        conf = [str(cfg.run_dir / "redis.conf")]
-        write_private(conf[0], f"requirepass {cfg.ensure_redis_password()}\n")
+    wants the run dir's password, from the 0600 config file `up` writes (not on its command line)."""
     argv = [
         shutil.which("redis-server") or "redis-server",
-        *conf,
+        *([str(redis_conf(cfg))] if cfg.hosts.enabled else []),
         "--port",
         str(cfg.redis.port),
         "--bind",
@@ -72,6 +69,17 @@ def redis_component(cfg: StackConfig) -> Component:
         *(["--appendonly", "yes", "--appendfsync", "everysec"] if cfg.redis.appendonly else ["--appendonly", "no"]),
     ]
     return place(Component(name="redis", ports=[cfg.redis.port], argv=argv), cfg.hosts, cfg.control_host)
+
+
+def redis_conf(cfg: StackConfig) -> Path:
+    return cfg.run_dir / "redis.conf"
+
+
+def write_redis_conf(cfg: StackConfig) -> None:
+    """On several hosts, before anything names Redis: its password (made once for the run dir)
+    where Redis reads it; the gateways' configs take it from the run dir."""
+    if cfg.redis.enabled:
+        write_private(redis_conf(cfg), f"requirepass {cfg.ensure_redis_password()}\n")
 
 
 def gateway_components(cfg: StackConfig) -> list[Component]:
@@ -134,6 +142,7 @@ def up(cfg: StackConfig) -> dict[str, float]:
     pm = ProcessManager(cfg.run_dir)
     with stack_lock(cfg.run_dir):
         if cfg.hosts.enabled:
+            write_redis_conf(cfg)
             made = netns.create(cfg.hosts)
             if made:
                 console.print(f"hosts (network namespaces on {cfg.hosts.bridge}, {cfg.hosts.subnet}): {', '.join(made)}")
@@ -223,8 +232,8 @@ def down(cfg: StackConfig) -> list[str]:
     names = [c.name for c in supervisor_components(cfg)] + [c.name for c in reversed(components(cfg))]
     extra = [p.stem for p in cfg.run_dir.glob("*.pid") if p.stem not in names]
     stopped = [n for n in names + extra if pm.stop(n)]
-    for record in cfg.run_dir.glob("supervisor*.json"):  # the next `up` starts counting afresh
-        record.unlink()
+    for record in state_files(cfg.run_dir):  # the next `up` starts counting afresh
+        record.unlink(missing_ok=True)
     if cfg.hosts.enabled:
         netns.remove(cfg.hosts)
     return stopped
@@ -234,29 +243,7 @@ def status(cfg: StackConfig) -> list[dict]:
     """Each component's PID, URL, health, and what the supervisor did to it."""
     pm = ProcessManager(cfg.run_dir)
     watched = load_state(cfg.run_dir)
-    rows = []
-    for comp in components(cfg):
-        pid = pm.pid(comp.name)
-        healthy = False
-        if pid:
-            try:
-                healthy = pm.check_ready(comp)
-            except StartError:
-                healthy = False
-        url = comp.health_url.rsplit("/", 1)[0] if comp.health_url else None
-        seen = watched.get(comp.name, {})
-        rows.append(
-            {
-                "name": comp.name,
-                "host": comp.host,
-                "pid": pid,
-                "url": url,
-                "healthy": healthy,
-                "restarts": seen.get("restarts", 0),
-                "last_exit": seen.get("last_exit"),
-                "log": str(pm.log_file(comp.name)),
-            }
-        )
+    rows = [_row(pm, comp, watched) for comp in components(cfg)]
     for names in graph_processes(cfg.run_dir).values():  # dedicated deployments' (the supervisor's to heal)
         for name in sorted(names):
             pid = pm.pid(name)
@@ -272,19 +259,27 @@ def status(cfg: StackConfig) -> list[dict]:
                     "log": str(pm.log_file(name)),
                 }
             )
-    for comp in supervisor_components(cfg):
-        sup = pm.pid(comp.name)
-        seen = watched.get(comp.name, {})
-        rows.append(
-            {
-                "name": comp.name,
-                "host": comp.host,
-                "pid": sup,
-                "url": None,
-                "healthy": sup is not None,
-                "restarts": seen.get("restarts", 0),
-                "last_exit": seen.get("last_exit"),
-                "log": str(pm.log_file(comp.name)),
-            }
-        )
-    return rows
+    return rows + [_row(pm, comp, watched) for comp in supervisor_components(cfg)]
+
+
+def _row(pm: ProcessManager, comp: Component, watched: dict) -> dict:
+    """A component's status row (one without a health URL or ports, a supervisor, is healthy
+    while its process lives)."""
+    pid = pm.pid(comp.name)
+    healthy = False
+    if pid:
+        try:
+            healthy = pm.check_ready(comp)
+        except StartError:
+            healthy = False
+    seen = watched.get(comp.name, {})
+    return {
+        "name": comp.name,
+        "host": comp.host,
+        "pid": pid,
+        "url": comp.health_url.rsplit("/", 1)[0] if comp.health_url else None,
+        "healthy": healthy,
+        "restarts": seen.get("restarts", 0),
+        "last_exit": seen.get("last_exit"),
+        "log": str(pm.log_file(comp.name)),
+    }

@@ -43,10 +43,15 @@ def save_state(run_dir: Path, state: dict, host: str | None = None) -> None:
     os.replace(tmp, run_dir / state_file(host))
 
 
+def state_files(run_dir: Path) -> list[Path]:
+    """Every supervisor's record in the run dir."""
+    return sorted(run_dir.glob("supervisor*.json"))
+
+
 def load_state(run_dir: Path) -> dict:
     """What the supervisors recorded per component (restarts, last exit reason, last restart)."""
     out = {}
-    for path in sorted(run_dir.glob("supervisor*.json")):
+    for path in state_files(run_dir):
         try:
             out |= json.loads(path.read_text())
         except (FileNotFoundError, ValueError):

@@ -7,7 +7,7 @@ import pytest
 from deploy.stack.config import load_config
 from deploy.stack.dynamo_graph import deployment_components
 from deploy.stack.graphs import graph_config
-from deploy.stack.launcher import components, supervisor_components
+from deploy.stack.launcher import components, supervisor_components, write_redis_conf
 from deploy.stack.supervisor import watched_by
 
 
@@ -17,6 +17,7 @@ def _cfg(tmp_path, *overrides):
 
 def test_each_component_runs_on_its_roles_host_and_binds_that_hosts_address(tmp_path):
     cfg = _cfg(tmp_path)
+    write_redis_conf(cfg)  # as `up` does first
     by_host = {h.name: h for h in cfg.hosts.hosts}
     placed = {c.name: c for c in components(cfg)}
     assert {n: c.host for n, c in placed.items()} == {
