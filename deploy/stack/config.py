@@ -149,6 +149,12 @@ class HostConfig(StrictModel):
     name: str = Field(pattern=HOST_NAME)
     address: str
     roles: list[Literal["control", "worker", "gateway"]] = Field(min_length=1)
+    slots: int | None = Field(
+        None,
+        ge=0,
+        description="a worker host's slots (the pool's unit): dedicated replicas go to the hosts with the most "
+        "free (deploy/stack/placement.py); the pool's slots default to their sum. None: bounded by the pool only",
+    )
 
 
 class HostsConfig(StrictModel):
@@ -281,6 +287,9 @@ class StackConfig(StrictModel):
     graph: str | None = Field(
         None, description="set by the supervisor: this config is dedicated deployment <graph>'s (deploy/stack/graphs.py)"
     )
+    placement: dict[int, str] = Field(
+        {}, description="set by the supervisor: a dedicated graph's worker index -> its host (deploy/stack/placement.py)"
+    )
 
     @property
     def home_path(self) -> Path:
@@ -329,7 +338,12 @@ class StackConfig(StrictModel):
         return self.hosts.control if self.hosts.enabled else None
 
     def worker_host(self, i: int) -> HostConfig | None:
-        return self.hosts.worker_host(i) if self.hosts.enabled else None
+        """Worker ``i``'s host: where the supervisor placed it, or the worker hosts in turn."""
+        if not self.hosts.enabled:
+            return None
+        if i in self.placement:
+            return next(h for h in self.hosts.hosts if h.name == self.placement[i])
+        return self.hosts.worker_host(i)
 
     @property
     def control_address(self) -> str:
@@ -368,6 +382,9 @@ class StackConfig(StrictModel):
             gw.checkpoints_file = str(self.home_path / "checkpoints.json")
         if gw.deployments_file is None:
             gw.deployments_file = str(self.home_path / "deployments.json")
+        host_slots = [h.slots for h in self.hosts.with_role("worker")]
+        if gw.pool.slots is None and host_slots and None not in host_slots:
+            gw.pool.slots = sum(host_slots)
         if gw.pool.slots is None:  # the cores vLLM workers may have, or the mocker's virtual slots
             gw.pool.slots = 16 if self.worker.engine == "mocker" else os.cpu_count() or 1
         gw.pool.serverless_slots = self.worker.count * gw.pool.slots_per_replica

@@ -26,6 +26,7 @@ import time
 
 import httpx
 
+from deploy.stack import placement
 from deploy.stack.autoscaler import Autoscaler, Signals, frontend_signals
 from deploy.stack.config import StackConfig
 from deploy.stack.graphs import graph_config, graph_indexes, graph_processes
@@ -62,8 +63,11 @@ class Reconciler:
         if any(d["status"] in CONVERGING for d in deps):  # a start or drain is seen as soon as it is done
             self.next_look = now + min(CONVERGING_POLL_S, self.cfg.dedicated.poll_s)
         indexes = graph_indexes(self.cfg.run_dir, [d["id"] for d in deps])
+        graphs = {d["id"]: graph_config(self.cfg, d, indexes[d["id"]]) for d in deps}
+        if self.cfg.hosts.enabled:
+            self._place(deps, graphs)
         for dep in deps:
-            g = graph_config(self.cfg, dep, indexes[dep["id"]])
+            g = graphs[dep["id"]]
             try:
                 seen = self._reconcile(dep, g)
             except (StartError, OSError, httpx.HTTPError) as exc:
@@ -80,6 +84,20 @@ class Reconciler:
         for dep_id, names in graph_processes(self.cfg.run_dir).items():
             if dep_id not in listed:  # deleted while this supervisor was away
                 self._stop(names)
+
+    def _place(self, deps: list[dict], graphs: dict[str, StackConfig]) -> None:
+        """Give each wanted worker of a running deployment its host (deploy/stack/placement.py)."""
+        wanted = {
+            f"worker-{i}{graphs[d['id']].suffix}": d.get("slots_per_replica", 1)
+            for d in deps
+            if d["status"] in RUNS
+            for i in range(graphs[d["id"]].worker.count)
+        }
+        running = {name for names in graph_processes(self.cfg.run_dir).values() for name in names}
+        hosts = placement.place(self.cfg, wanted, running)
+        for d in deps:
+            g = graphs[d["id"]]
+            g.placement = {i: hosts[f"worker-{i}{g.suffix}"] for i in range(g.worker.count) if f"worker-{i}{g.suffix}" in hosts}
 
     def _desired(self) -> list[dict] | None:
         key = self.cfg.admin_key()
@@ -118,9 +136,10 @@ class Reconciler:
         for name in sorted(n for n in mine if n not in wanted or n in self.drains):  # scaled down
             if self._drained(name, dep, g):
                 self._stop([name])
+        unplaced = {f"worker-{i}{g.suffix}" for i in range(g.worker.count) if g.hosts.enabled and i not in g.placement}
         failed = None
         for comp in comps:
-            if comp.name not in self.drains and self.pm.pid(comp.name) is None:
+            if comp.name not in self.drains and comp.name not in unplaced and self.pm.pid(comp.name) is None:
                 failed = failed or self._start(comp)
         ready = sum(c.name not in self.drains and self._ready(dep, g, i, c) for i, c in enumerate(workers))
         return self._seen(g, mine, ready, failed)
