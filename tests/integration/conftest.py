@@ -131,6 +131,19 @@ def exposed_listeners(cfg) -> tuple[set[str], list]:
     return {name for name, _, _ in listeners}, [e for e in listeners if not is_loopback(e[1])]
 
 
+def off_host_listeners(cfg) -> tuple[set[str], list]:
+    """On a multi-host stack: (components that listen, listeners neither on their host's address
+    nor on its loopback). A host's loopback is its own (its network namespace's): vLLM's engine
+    core talks to its front process there, out of reach of every other host."""
+    from deploy.stack.launcher import components
+    from deploy.stack.sockets import component_listeners, is_loopback
+
+    address = {h.name: h.address for h in cfg.hosts.hosts}
+    host_of = {c.name: c.host for c in components(cfg)}
+    listeners = component_listeners(cfg.run_dir, list(host_of))
+    return {name for name, _, _ in listeners}, [e for e in listeners if e[1] != address[host_of[e[0]]] and not is_loopback(e[1])]
+
+
 def wait_until(check, timeout_s: float, what: str) -> float:
     """Seconds until ``check()`` held; fails the test after ``timeout_s``."""
     t0 = time.monotonic()

@@ -20,9 +20,9 @@ from deploy.stack import netns
 from deploy.stack.config import load_config
 from deploy.stack.launcher import components, down
 from deploy.stack.processes import ProcessManager
-from deploy.stack.sockets import component_listeners, group_listening_ports
+from deploy.stack.sockets import group_listening_ports
 from deploy.stack.supervisor import registered_ports
-from tests.integration.conftest import wait_until
+from tests.integration.conftest import off_host_listeners, wait_until
 from traces.store import TraceStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.runs_last]
@@ -35,8 +35,8 @@ HOSTS = [
     + json.dumps(
         [
             {"name": "control", "address": "10.89.1.10", "roles": ["control"]},
-            {"name": "worker1", "address": "10.89.1.21", "roles": ["worker"]},
-            {"name": "worker2", "address": "10.89.1.22", "roles": ["worker"]},
+            {"name": "worker1", "address": "10.89.1.21", "roles": ["worker"], "slots": 4},
+            {"name": "worker2", "address": "10.89.1.22", "roles": ["worker"], "slots": 4},
             {"name": "gw1", "address": "10.89.1.31", "roles": ["gateway"]},
             {"name": "gw2", "address": "10.89.1.32", "roles": ["gateway"]},
         ]
@@ -180,12 +180,8 @@ def test_up_places_each_component_on_its_host_listening_on_that_hosts_address_on
     assert all(r["healthy"] for r in shown), [r for r in shown if not r["healthy"]]
     for comp in components(cluster):
         assert where[comp.name] == comp.host is not None
-    address = {h.name: h.address for h in cluster.hosts.hosts}
-    comps = components(cluster)
-    listeners = component_listeners(cluster.run_dir, [c.name for c in comps])
-    host_of = {c.name: c.host for c in comps}
-    assert {name for name, _, _ in listeners} == {c.name for c in comps}, "a component listens on nothing"
-    wrong = [(name, addr, port) for name, addr, port in listeners if addr != address[host_of[name]]]
+    listening, wrong = off_host_listeners(cluster)
+    assert listening == {c.name for c in components(cluster)}, "a component listens on nothing"
     assert not wrong, f"listening beyond its host's address: {wrong}"
     # a process on a host has no route off this machine
     route = subprocess.run(
