@@ -57,7 +57,8 @@ def segment_key(path: Path) -> str:
     return path.stem.removeprefix("seg-")
 
 
-def _frame(payload: bytes) -> bytes:
+def frame(payload: bytes) -> bytes:
+    """One record as it lies in a segment: length, checksum, payload."""
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -106,7 +107,7 @@ class Spool:
         self.fsync = fsync
         self.lifetime = new_lifetime()
         self._seq = 1
-        self._header = _frame(_encoder.encode(header)) if header is not None else b""
+        self._header = frame(_encoder.encode(header)) if header is not None else b""
         self._fd: int | None = None  # the open segment; opened by the first write into it
         self._offset = 0  # bytes of intact frames in it
         self._records_in_segment = 0
@@ -221,7 +222,7 @@ class Spool:
         self._offset += len(buf)
 
     def _write(self, batch: list) -> None:
-        buf = b"".join(_frame(payload) for payload, _, _ in batch)
+        buf = b"".join(frame(payload) for payload, _, _ in batch)
         error: BaseException | None = None
         with self._lock:
             try:

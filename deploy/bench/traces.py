@@ -1,9 +1,13 @@
-"""Trace store benchmark: durable ingest, bytes per agent turn, GROUP BY at 1M / 10M rows.
+"""Trace store benchmark: durable ingest, where a row's time goes, bytes per agent turn, GROUP BY
+at 1M / 10M rows.
 
-    .venv/bin/python -m deploy.bench.traces [--rows 200000] [--big 10000000]
+    .venv/bin/python -m deploy.bench.traces [--rows 200000] [--big 10000000] [--stages-only]
 
 Ingest runs pinned to one core with fsync on: a row counts once its future resolved (it is in
-the spool on disk), and again once it is in Parquet. Everything is measured in this run.
+the spool on disk), and again once it is in Parquet. The stages run the writer's own steps one
+after another on the same rows, each timed alone (best of 3): what the request path pays
+(submit, up to the spool's fsync) and what the mover pays (spool to Parquet), per row, and the
+Parquet codecs side by side. Everything is measured in this run.
 """
 
 from __future__ import annotations
@@ -18,8 +22,14 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import msgspec
+import pyarrow.parquet as pq
+
+from traces.prefix import PrefixEncoder
+from traces.schema import SPOOL_HEADER, check_record, rows_to_table, to_row
+from traces.spool import frame, read_segment
 from traces.store import TraceStore
-from traces.writer import TraceWriter
+from traces.writer import TraceWriter, partition_of, read_rows
 
 
 def chat_record(i: int, rng: random.Random, prompt_len: int, completion_len: int) -> dict:
@@ -87,6 +97,61 @@ def ingest(rows: int, prompt_len: int, completion_len: int) -> dict:
             "parquet_rows_per_s": round(rows / parquet_s),
             "durable_MB_per_s": round(spool_bytes / durable_s / 1e6, 1),
             "parquet_bytes_per_row": round(on_disk / rows),
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def stages(rows: int, prompt_len: int, completion_len: int) -> dict:
+    """Microseconds per row of each step a 200-token row takes through the writer, and the
+    Parquet file's bytes per row under each codec."""
+    rng = random.Random(0)
+    pool = [chat_record(i, rng, prompt_len, completion_len) for i in range(min(rows, 2000))]
+    records = [dict(pool[i % len(pool)], trace_id=f"tr-{i:012d}") for i in range(rows)]
+    encoder, root = msgspec.msgpack.Encoder(), Path(tempfile.mkdtemp(prefix="fw-bench-"))
+    segment = root / "seg-bench-00000001.spool"
+    took: dict[str, float] = {}
+
+    def timed(name: str, step):
+        best, out = float("inf"), None
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out = step()
+            best = min(best, time.perf_counter() - t0)
+        took[name] = round(best / rows * 1e6, 2)
+        return out
+
+    def write() -> None:
+        fd = os.open(segment, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, spooled)
+        os.fsync(fd)
+        os.close(fd)
+
+    try:
+        timed("submit: check_record", lambda: [check_record(r) for r in records])
+        dates = timed("submit: partition_of", lambda: [partition_of(r)[0] for r in records])
+        encoded = timed("submit: prefix references", lambda: [PrefixEncoder().encode(r, d)[0] for r, d in zip(records, dates)])
+        positional = timed("submit: to_row (lists packed)", lambda: [to_row(dict(e)) for e in encoded])
+        payloads = timed("submit: msgpack", lambda: [encoder.encode(r) for r in positional])
+        spooled = timed("submit: frame + crc32", lambda: b"".join([frame(encoder.encode(SPOOL_HEADER)), *map(frame, payloads)]))
+        timed("submit: write + fsync (one group)", write)
+        timed("mover: read + decode segment", lambda: read_segment(segment))
+        fields, rows_read = read_rows(segment)
+        table = timed("mover: rows_to_table", lambda: rows_to_table(fields, rows_read))
+        codecs = {}
+        for codec in ("zstd", "lz4", "none"):
+            path = root / f"{codec}.parquet"
+            timed(f"mover: parquet {codec}", lambda: pq.write_table(table, path, compression=codec))
+            codecs[codec] = round(path.stat().st_size / rows)
+        submit = sum(v for k, v in took.items() if k.startswith("submit"))
+        mover = sum(v for k, v in took.items() if k.startswith("mover") and "parquet" not in k) + took["mover: parquet zstd"]
+        return {
+            "rows": rows,
+            "us_per_row": took,
+            "submit_us_per_row": round(submit, 2),
+            "mover_us_per_row_zstd": round(mover, 2),
+            "one_core_ceiling_rows_per_s": round(1e6 / (submit + mover)),
+            "parquet_bytes_per_row": codecs,
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -167,9 +232,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=200_000, help="rows for the ingest runs")
     ap.add_argument("--big", type=int, default=10_000_000, help="largest GROUP BY size")
+    ap.add_argument("--stages-only", action="store_true", help="only where a row's time goes")
     args = ap.parse_args()
     os.sched_setaffinity(0, {0})  # ingest on one core
+    if args.stages_only:
+        print(json.dumps({"stages_200_tokens": stages(min(args.rows, 50_000), 150, 50)}, indent=2))
+        return
     results = {
+        "stages_200_tokens": stages(min(args.rows, 50_000), 150, 50),
         "ingest_200_tokens": ingest(args.rows, 150, 50),
         "ingest_2k_tokens": ingest(max(args.rows // 10, 1000), 1800, 200),
         "agentic_session": agentic_bytes(turns=20, start=140_000, step=6_000, out=1_000),
