@@ -8,7 +8,8 @@ file, so any number of readers run while gateways keep writing. Views:
 - ``traces_full``: ``traces`` plus ``prompt_token_ids``, the full prompt rebuilt from prefix
   references (a recursive query: filter by session when the store is large);
 - ``sessions``: one row per session (turns, tokens, first/last time);
-- ``usage_by_team``: requests, errors and tokens by team, model and day;
+- ``usage_by_team``: requests, errors and tokens by team, model and day (the partition's: the
+  UTC day of ``time_received``; read from the path, not cast from 100M timestamps);
 - ``feedback``: every reward / score / label / comment posted (``traces.feedback``);
 - ``rewards``: the latest feedback per (trace, reward name), for traces of the same team
   (admin feedback applies to any team's trace).
@@ -63,7 +64,7 @@ FROM traces WHERE gen_ai_conversation_id IS NOT NULL GROUP BY ALL
 """
 
 _USAGE_SQL = """
-SELECT team, gen_ai_request_model AS model, CAST(time_received AS DATE) AS day,
+SELECT team, gen_ai_request_model AS model, CAST(date AS DATE) AS day,
        count(*) AS requests, count(error) AS errors,
        sum(gen_ai_usage_input_tokens) AS input_tokens,
        sum(gen_ai_usage_output_tokens) AS output_tokens,

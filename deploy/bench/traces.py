@@ -26,7 +26,7 @@ import msgspec
 import pyarrow.parquet as pq
 
 from traces.prefix import PrefixEncoder
-from traces.schema import SPOOL_HEADER, check_record, rows_to_table, to_row
+from traces.schema import SCHEMA_VERSION, SPOOL_HEADER, check_record, rows_to_table, to_row
 from traces.spool import frame, read_segment
 from traces.store import TraceStore
 from traces.writer import TraceWriter, partition_of, read_rows
@@ -228,13 +228,84 @@ def group_by(rows: int, files: int) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def month(rows: int, ids: str = "time", days: int = 30, models: int = 3) -> dict:
+    """A month of traffic as the mover lays it out (a partition per day and model, files of
+    time-ordered rows, ids that begin with their millisecond as ``serve.capture`` makes them),
+    narrow rows; then the store's own queries over it: the usage page's rollup by day, team and
+    model, an ad-hoc GROUP BY over the month, and a trace by id as the trace browser finds it.
+    ``ids="random"``: ids of 128 random bits instead, as they were before (the before/after of a
+    lookup by id)."""
+    import duckdb
+
+    root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
+    try:
+        con, per = duckdb.connect(), rows // (days * models)
+        t0 = time.perf_counter()
+        for d in range(days):
+            for m in range(models):
+                part = root / f"date=2026-11-{1 + d:02d}" / f"model=m{m}"
+                part.mkdir(parents=True)
+                start_ms = 1_793_491_200_000 + d * 86_400_000  # 2026-11-01 UTC
+                ms = f"{start_ms} + i * 86400000 // {per}"
+                if ids == "time":
+                    trace_id = f"lpad(printf('%x', {ms}), 12, '0') || lpad(printf('%x', hash(i, {d}, {m}) >> 44), 20, '0')"
+                else:
+                    trace_id = f"lpad(printf('%x', hash(i, {d}, {m})), 16, '0') || lpad(printf('%x', hash({m}, {d}, i)), 16, '0')"
+                con.execute(f"""COPY (SELECT 'tr-' || {trace_id} AS trace_id,
+                      'team' || (hash(i, {m}) % 50) AS team, 'm{m}' AS gen_ai_request_model,
+                      {SCHEMA_VERSION}::SMALLINT AS schema_version,
+                      (i % 4000)::INTEGER AS gen_ai_usage_input_tokens, (i % 500)::INTEGER AS gen_ai_usage_output_tokens,
+                      (i % 3000)::INTEGER AS gen_ai_usage_cache_read_input_tokens,
+                      (i % 97) * 1.5 AS ttft_ms, 200::SMALLINT AS http_status,
+                      make_timestamptz(({ms}) * 1000) AS time_received
+                    FROM range({per}) t(i)) TO '{part}/part-0.parquet' (FORMAT parquet, COMPRESSION zstd)""")
+        made_s = time.perf_counter() - t0
+        store = TraceStore(root)
+        probe = store.sql("SELECT trace_id FROM traces WHERE date = '2026-11-17' AND model = 'm1' LIMIT 1 OFFSET 1000")
+        trace_id = probe.column("trace_id")[0].as_py()
+        queries = {
+            "usage_by_day_team_model": (
+                "SELECT day, team, model, sum(requests), sum(input_tokens), sum(output_tokens), "
+                "sum(cached_input_tokens) FROM usage_by_team GROUP BY ALL",
+                None,
+            ),
+            "group_by_month": (
+                "SELECT team, gen_ai_request_model, count(*), avg(ttft_ms), sum(gen_ai_usage_output_tokens) "
+                "FROM traces WHERE time_received >= TIMESTAMPTZ '2026-11-01 00:00:00+00' "
+                "AND time_received < TIMESTAMPTZ '2026-12-01 00:00:00+00' GROUP BY ALL",
+                None,
+            ),
+            "trace_by_id": ("SELECT * FROM traces WHERE trace_id = $1", [trace_id]),
+        }
+        out = {"ids": ids, "rows": per * days * models, "partitions": days * models, "generated_s": round(made_s, 1)}
+        for name, (q, params) in queries.items():
+            store.sql(q, params=params)  # the file metadata cached once, as a long-lived reader has it
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                n = store.sql(q, params=params).num_rows
+                times.append(time.perf_counter() - t0)
+            out[f"{name}_s_best_of_3"] = round(min(times), 3)
+            out[f"{name}_rows"] = n
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=200_000, help="rows for the ingest runs")
     ap.add_argument("--big", type=int, default=10_000_000, help="largest GROUP BY size")
     ap.add_argument("--stages-only", action="store_true", help="only where a row's time goes")
+    ap.add_argument(
+        "--month", type=int, default=0, help="only a month of MONTH rows and the store's queries over it (both id layouts)"
+    )
     args = ap.parse_args()
     os.sched_setaffinity(0, {0})  # ingest on one core
+    if args.month:
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+        print(json.dumps({f"month_{ids}_ids": month(args.month, ids) for ids in ("time", "random")}, indent=2))
+        return
     if args.stages_only:
         print(json.dumps({"stages_200_tokens": stages(min(args.rows, 50_000), 150, 50)}, indent=2))
         return
