@@ -34,7 +34,8 @@ def load(run_dir: Path) -> dict[str, dict]:
 def place(cfg: StackConfig, wanted: dict[str, int], running: set[str]) -> dict[str, str]:
     """Hosts for the dedicated workers ``wanted`` (name -> the slots it needs), given the worker
     processes ``running`` now: what was placed keeps its host, a new one gets the host with the
-    most free slots. Returns name -> host name for every wanted worker that has one."""
+    most free slots. Returns name -> host name for every worker that has one: the wanted, and
+    the running ones no longer wanted (draining: their admin URL is on that host)."""
     table = {name: p for name, p in load(cfg.run_dir).items() if name in wanted or name in running}
     hosts = cfg.hosts.with_role("worker")
     free = {h.name: math.inf if h.slots is None else h.slots for h in hosts}
@@ -61,4 +62,4 @@ def place(cfg: StackConfig, wanted: dict[str, int], running: set[str]) -> dict[s
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(table, sort_keys=True))
     os.replace(tmp, path)
-    return {name: p["host"] for name, p in table.items() if name in wanted}
+    return {name: p["host"] for name, p in table.items()}

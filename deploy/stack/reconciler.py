@@ -29,7 +29,7 @@ import httpx
 from deploy.stack import placement
 from deploy.stack.autoscaler import Autoscaler, Signals, frontend_signals
 from deploy.stack.config import StackConfig
-from deploy.stack.graphs import graph_config, graph_indexes, graph_processes
+from deploy.stack.graphs import GRAPH_PROCESS, graph_config, graph_indexes, graph_processes
 from deploy.stack.drain import Drains, leave_etcd_routing, leave_routing
 from deploy.stack.dynamo_graph import deployment_components, discovery_dir
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
@@ -86,7 +86,8 @@ class Reconciler:
                 self._stop(names)
 
     def _place(self, deps: list[dict], graphs: dict[str, StackConfig]) -> None:
-        """Give each wanted worker of a running deployment its host (deploy/stack/placement.py)."""
+        """Give each wanted worker of a running deployment its host (deploy/stack/placement.py);
+        a draining one keeps its own."""
         wanted = {
             f"worker-{i}{graphs[d['id']].suffix}": d.get("slots_per_replica", 1)
             for d in deps
@@ -94,10 +95,11 @@ class Reconciler:
             for i in range(graphs[d["id"]].worker.count)
         }
         running = {name for names in graph_processes(self.cfg.run_dir).values() for name in names}
-        hosts = placement.place(self.cfg, wanted, running)
-        for d in deps:
-            g = graphs[d["id"]]
-            g.placement = {i: hosts[f"worker-{i}{g.suffix}"] for i in range(g.worker.count) if f"worker-{i}{g.suffix}" in hosts}
+        for name, host in placement.place(self.cfg, wanted, running).items():
+            dep_id = GRAPH_PROCESS.search(name)
+            index = name.removeprefix("worker-").split("-", 1)[0]
+            if dep_id and dep_id.group(1) in graphs and index.isdigit():  # a draining worker's too
+                graphs[dep_id.group(1)].placement[int(index)] = host
 
     def _desired(self) -> list[dict] | None:
         key = self.cfg.admin_key()

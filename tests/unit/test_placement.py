@@ -41,6 +41,7 @@ def test_a_replica_keeps_its_host_while_wanted_or_draining(tmp_path):
     big = place(cfg, {"worker-0-dep-a": 1, "worker-0-dep-b": 2}, {"worker-0-dep-a", "worker-1-dep-a"})
     assert big["worker-0-dep-b"] == first["worker-0-dep-a"]
     assert big["worker-0-dep-a"] == first["worker-0-dep-a"]  # kept, though its host is now the fuller
+    assert big["worker-1-dep-a"] == first["worker-1-dep-a"]  # the draining one's host, for its admin URL
     # stopped: its slot is given back
     place(cfg, {"worker-0-dep-a": 1, "worker-0-dep-b": 2}, {"worker-0-dep-a", "worker-0-dep-b"})
     assert "worker-1-dep-a" not in load(cfg.run_dir)
