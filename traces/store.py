@@ -137,6 +137,9 @@ class TraceStore:
             except _READ_FAILED as exc:
                 if not _file_gone(exc) or attempt == RETRIES:
                     raise
+            except FileNotFoundError:  # a team's views are Arrow datasets: Arrow says it so
+                if attempt == RETRIES:
+                    raise
 
     def _define_views(self) -> None:
         # The current layout is bound as an explicit list of files, so every query of this
