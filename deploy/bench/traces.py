@@ -69,6 +69,16 @@ def chat_record(i: int, rng: random.Random, prompt_len: int, completion_len: int
     }
 
 
+def best_of_3(step):
+    """(the fastest of three runs of ``step`` in seconds, what its last run returned)."""
+    best, out = float("inf"), None
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = step()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
 def ingest(rows: int, prompt_len: int, completion_len: int) -> dict:
     rng = random.Random(0)
     pool = [chat_record(i, rng, prompt_len, completion_len) for i in range(min(rows, 2000))]
@@ -113,12 +123,8 @@ def stages(rows: int, prompt_len: int, completion_len: int) -> dict:
     took: dict[str, float] = {}
 
     def timed(name: str, step):
-        best, out = float("inf"), None
-        for _ in range(3):
-            t0 = time.perf_counter()
-            out = step()
-            best = min(best, time.perf_counter() - t0)
-        took[name] = round(best / rows * 1e6, 2)
+        seconds, out = best_of_3(step)
+        took[name] = round(seconds / rows * 1e6, 2)
         return out
 
     def write() -> None:
@@ -218,12 +224,8 @@ def group_by(rows: int, files: int) -> dict:
             "avg(ttft_ms) AS ttft FROM traces GROUP BY ALL"
         )
         store.sql(q)  # warm the file metadata cache once, as a long-lived reader would
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            n = store.sql(q).num_rows
-            times.append(time.perf_counter() - t0)
-        return {"rows": rows, "files": files, "groups": n, "group_by_s_best_of_3": round(min(times), 3)}
+        seconds, n = best_of_3(lambda: store.sql(q).num_rows)
+        return {"rows": rows, "files": files, "groups": n, "group_by_s_best_of_3": round(seconds, 3)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -280,13 +282,8 @@ def month(rows: int, ids: str = "time", days: int = 30, models: int = 3) -> dict
         out = {"ids": ids, "rows": per * days * models, "partitions": days * models, "generated_s": round(made_s, 1)}
         for name, (q, params) in queries.items():
             store.sql(q, params=params)  # the file metadata cached once, as a long-lived reader has it
-            times = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                n = store.sql(q, params=params).num_rows
-                times.append(time.perf_counter() - t0)
-            out[f"{name}_s_best_of_3"] = round(min(times), 3)
-            out[f"{name}_rows"] = n
+            seconds, out[f"{name}_rows"] = best_of_3(lambda: store.sql(q, params=params).num_rows)
+            out[f"{name}_s_best_of_3"] = round(seconds, 3)
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)

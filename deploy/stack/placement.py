@@ -36,7 +36,8 @@ def place(cfg: StackConfig, wanted: dict[str, int], running: set[str]) -> dict[s
     processes ``running`` now: what was placed keeps its host, a new one gets the host with the
     most free slots. Returns name -> host name for every worker that has one: the wanted, and
     the running ones no longer wanted (draining: their admin URL is on that host)."""
-    table = {name: p for name, p in load(cfg.run_dir).items() if name in wanted or name in running}
+    known = load(cfg.run_dir)
+    table = {name: p for name, p in known.items() if name in wanted or name in running}
     hosts = cfg.hosts.with_role("worker")
     free = {h.name: math.inf if h.slots is None else h.slots for h in hosts}
     workers = dict.fromkeys(free, 0)
@@ -58,8 +59,9 @@ def place(cfg: StackConfig, wanted: dict[str, int], running: set[str]) -> dict[s
         table[name] = {"host": host, "slots": wanted[name]}
         free[host] -= wanted[name]
         workers[host] += 1
-    path = cfg.run_dir / PLACEMENTS_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table, sort_keys=True))
-    os.replace(tmp, path)
+    if table != known:  # the supervisor looks every 0.1 s while a deployment converges
+        path = cfg.run_dir / PLACEMENTS_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table, sort_keys=True))
+        os.replace(tmp, path)
     return {name: p["host"] for name, p in table.items()}

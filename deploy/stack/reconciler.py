@@ -33,6 +33,7 @@ from deploy.stack.graphs import GRAPH_PROCESS, graph_config, graph_indexes, grap
 from deploy.stack.drain import Drains, leave_etcd_routing, leave_routing
 from deploy.stack.dynamo_graph import deployment_components, discovery_dir
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
+from deploy.stack.serverless import worker_index
 from serve.engine_admin import LORA_ROUTE, lora_load_body
 from serve.workers import worker_result
 
@@ -97,9 +98,8 @@ class Reconciler:
         running = {name for names in graph_processes(self.cfg.run_dir).values() for name in names}
         for name, host in placement.place(self.cfg, wanted, running).items():
             dep_id = GRAPH_PROCESS.search(name)
-            index = name.removeprefix("worker-").split("-", 1)[0]
-            if dep_id and dep_id.group(1) in graphs and index.isdigit():  # a draining worker's too
-                graphs[dep_id.group(1)].placement[int(index)] = host
+            if dep_id and dep_id.group(1) in graphs:  # a draining worker's too
+                graphs[dep_id.group(1)].placement[worker_index(name)] = host
 
     def _desired(self) -> list[dict] | None:
         key = self.cfg.admin_key()

@@ -30,16 +30,20 @@ LOCAL_STACK = [
 ]
 
 
-def flywheel_cli(cfg, *args: str):
-    """Run the `flywheel` command a user would, against the test stack ``cfg``."""
+def run_flywheel(home, overrides: list[str], args: list[str], timeout_s: float):
+    """Run the `flywheel` command a user would, with ``home`` and ``overrides`` as --set."""
     import subprocess
     import sys
     from pathlib import Path
 
-    sets = [a for kv in [f"home={cfg.home}", *LOCAL_STACK] for a in ("--set", kv)]
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "flywheel"), *args, *sets], capture_output=True, text=True, timeout=900
-    )
+    sets = [a for kv in [f"home={home}", *overrides] for a in ("--set", kv)]
+    flywheel = str(Path(sys.executable).parent / "flywheel")
+    return subprocess.run([flywheel, *args, *sets], capture_output=True, text=True, timeout=timeout_s)
+
+
+def flywheel_cli(cfg, *args: str):
+    """Run the `flywheel` command a user would, against the test stack ``cfg``."""
+    return run_flywheel(cfg.home, LOCAL_STACK, list(args), 900)
 
 
 @pytest.fixture(scope="session")
@@ -143,13 +147,7 @@ def own_hosts(profile: str, bridge: str, net: int) -> list[str]:
 
 def hosts_cli(profile: str, home, overrides: list[str], *args: str):
     """Run `flywheel <args> -p <profile>` as a user would (as root), on the test's hosts."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    sets = [a for kv in [f"home={home}", *overrides] for a in ("--set", kv)]
-    flywheel = str(Path(sys.executable).parent / "flywheel")
-    return subprocess.run([flywheel, *args, "-p", profile, *sets], capture_output=True, text=True, timeout=600)
+    return run_flywheel(home, overrides, [*args, "-p", profile], 600)
 
 
 @contextmanager
