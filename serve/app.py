@@ -73,6 +73,7 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
         config.trace_flush_batch,
         config.trace_flush_age_s,
         on_converted=otlp.enqueue if otlp else None,
+        mover=config.trace_mover,
     )
     keys = KeyStore(config.keys_file) if config.keys_file else None
     state = SharedState(config.redis_url, replica=config.instance_name)
@@ -82,6 +83,7 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
     breakers = Breakers(state, config.breaker)
     metrics = Metrics()
     metrics.watch_deployments(dedicated)
+    metrics.watch_spool(writer)
     forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics, dedicated)
     files, batches = FileStore(config.traces_dir, config.batch.file_ttl_s), BatchStore(config.traces_dir)
     queries = QueryPool(config.query, config.query_timeout_s, trace_query.spill_root(config))

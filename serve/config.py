@@ -327,6 +327,12 @@ class GatewayConfig(StrictModel):
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = 1.0
+    trace_mover: Literal["process", "thread"] = Field(
+        "process", description="convert the spool to Parquet in a child process (off the request core) or a thread"
+    )
+    trace_spool_limit_mb: int = Field(
+        2048, ge=1, description="spool not yet in Parquet past this: new requests get 503 trace_store_behind"
+    )
     otlp: OtlpConfig = OtlpConfig()
 
     @property

@@ -75,6 +75,22 @@ class CapacityExceeded(APIError):
         self.headers = {"Retry-After": str(retry_after_s)}
 
 
+class TraceStoreBehind(APIError):
+    """503 ``trace_store_behind``: this gateway's traces wait in its spool faster than they reach
+    Parquet, past ``trace_spool_limit_mb``. New requests wait (a batch line runs again later)
+    rather than the spool filling the disk; those already accepted finish and are stored."""
+
+    def __init__(self, backlog_mb: float, limit_mb: int):
+        super().__init__(
+            503,
+            f"this gateway's trace spool holds {backlog_mb:.0f} MB not yet converted to Parquet (limit "
+            f"{limit_mb} MB); retry shortly, or send to another gateway",
+            type="server_error",
+            code="trace_store_behind",
+        )
+        self.headers = {"Retry-After": "1"}
+
+
 def model_not_found(model: str) -> APIError:
     return APIError(
         404, f"The model `{model}` does not exist or you do not have access to it.", param="model", code="model_not_found"

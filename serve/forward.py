@@ -28,7 +28,7 @@ from serve.choose import Chooser
 from serve.config import GatewayConfig, ModelRoute
 from serve.context_limit import check_counts, check_text, might_overflow
 from serve.deployments import Deployments
-from serve.errors import APIError, CapacityExceeded, model_not_found
+from serve.errors import APIError, CapacityExceeded, TraceStoreBehind, model_not_found
 from serve.metrics import Metrics
 from serve.outcome import Outcome
 from serve.reload_gate import ReloadGate
@@ -69,6 +69,7 @@ class Forwarder:
         deployments: Deployments | None = None,
     ):
         self.config, self.routes, self.admission, self.metrics = config, routes, admission, metrics
+        self.writer = writer
         self.deployments = deployments  # dedicated ones: a request for one scaled to zero wakes it
         self.reload_gate = ReloadGate()  # serve/weights.py closes it while it reloads a deployment
         self.chooser = Chooser(breakers, affinity)
@@ -81,6 +82,10 @@ class Forwarder:
 
     async def forward(self, operation: str, body: dict, ctx: RequestContext):
         """Returns the client's view (a dict, or a :class:`Stream`) and the headers to send."""
+        backlog, limit_mb = self.writer.backlog_bytes(), self.config.trace_spool_limit_mb
+        if backlog > limit_mb << 20:  # refused before any work: nothing to store, nothing lost
+            self.metrics.rejected(body.get("model", ""), ctx.team, 503)
+            raise TraceStoreBehind(backlog / (1 << 20), limit_mb)
         if ctx.shadow_route is not None:  # a shadow arm's copy (serve/split.py): answered to no one
             alias_route = route = ctx.shadow_route
         else:

@@ -101,6 +101,15 @@ class Metrics:
         scrape: the table is shared, so every gateway replica reports the same counts."""
         self.registry.register(_DeploymentCollector(deployments))
 
+    def watch_spool(self, writer) -> None:
+        """The trace spool's backlog (durable, not yet in Parquet), read at each scrape."""
+        backlog = Gauge(
+            "flywheel_trace_spool_backlog_bytes",
+            "trace records durable in the spool, not yet converted to Parquet",
+            registry=self.registry,
+        )
+        backlog.set_function(writer.backlog_bytes)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from traces.files import seal
 from traces.schema import FEEDBACK_DIR, SCHEMA_VERSION
 from traces.spool import SEGMENT_GLOB, fsync_path, read_segment
-from traces.writer import converted_name
+from traces.mover import converted_name
 
 JOURNAL = "_compaction.json"
 

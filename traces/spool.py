@@ -125,6 +125,16 @@ class Spool:
     def segments(self) -> list[Path]:
         return sorted(self.dir.glob(SEGMENT_GLOB), key=segment_key)
 
+    def bytes_on_disk(self) -> int:
+        """What every segment holds: the one being written and those waiting for conversion."""
+        total = 0
+        for seg in self.dir.glob(SEGMENT_GLOB):
+            try:
+                total += seg.stat().st_size
+            except FileNotFoundError:  # converted and dropped since the listing
+                pass
+        return total
+
     def sealed(self) -> list[Path]:
         """Every segment no writer will touch again: all but the one being written. Listed under
         the lock: a segment the writer opens after an unlocked look would pass for sealed, be

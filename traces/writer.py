@@ -2,7 +2,8 @@
 
 ``submit`` prefix-encodes the record and appends it to this writer's spool; its future resolves
 once the record is fsync'd, and the gateway finishes a response only after that. A mover
-thread seals the spool segment by size or age and turns it into zstd Parquet files,
+thread seals the spool segment by size or age and turns it (in a process of its own, for a
+gateway: ``traces/mover.py``) into zstd Parquet files,
 hive-partitioned ``date=YYYY-MM-DD/model=NAME/``, named after the writer instance and segment
 key (its process lifetime and number, unique across restarts). Because a segment's file names
 are deterministic, replaying it after a crash rewrites its own files instead of adding rows, and
@@ -18,46 +19,20 @@ import asyncio
 import logging
 import threading
 import time
-from functools import lru_cache
-from typing import Callable
-from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import quote
+from typing import Callable, Literal
 
-import pyarrow.parquet as pq
-
-from traces.files import private_dirs, seal
+from traces.files import private_dirs
+from traces.mover import MoverProcess, convert_segment, partition_of
 from traces.prefix import PrefixEncoder
-from traces.schema import SPOOL_HEADER, check_record, rows_to_table, to_row
-from traces.spool import Spool, SpoolError, fsync_path, read_segment, segment_key
+from traces.schema import SPOOL_HEADER, check_record, to_row
+from traces.spool import Spool, SpoolError, fsync_path
 
 log = logging.getLogger(__name__)
 
 
-def partition_of(record: dict) -> tuple[str, str]:
-    ts = record.get("time_received") or datetime.now(timezone.utc)
-    if ts.tzinfo is not timezone.utc:
-        ts = ts.astimezone(timezone.utc)
-    return _day(ts.date()), _model_dir(record.get("gen_ai_request_model") or "unknown")
-
-
-@lru_cache(maxsize=1024)
-def _day(d) -> str:
-    return d.isoformat()
-
-
-@lru_cache(maxsize=4096)
-def _model_dir(model: str) -> str:
-    return quote(model, safe="")
-
-
 def spool_dir(root: Path, instance: str) -> Path:
     return root / "_spool" / instance
-
-
-def converted_name(instance: str, segment: Path) -> str:
-    """The Parquet file a segment becomes in each partition it has rows for."""
-    return f"{instance}-{segment_key(segment)}.parquet"
 
 
 class TraceWriter:
@@ -70,22 +45,29 @@ class TraceWriter:
         fsync: bool = True,
         prefix_refs: bool = True,
         on_converted: Callable[[Path, str, list[str]], None] | None = None,
+        mover: Literal["thread", "process"] = "thread",
     ):
         """``on_converted(partition, file name, trace ids)`` hears of each Parquet file written,
-        before its spool segment is dropped (``traces/otlp.py`` keeps it in its outbox)."""
+        before its spool segment is dropped (``traces/otlp.py`` keeps it in its outbox).
+        ``mover="process"`` converts in a child process (``traces/mover.py``), off the core that
+        takes the records: what a gateway does."""
         self.root, self.instance = Path(root), instance
         self.on_converted = on_converted
+        self.mover_process = MoverProcess() if mover == "process" else None
         self.max_batch, self.max_age_s = max_batch, max_age_s
         private_dirs(self.root)
         # prefix_refs=False stores every prompt whole (only benchmarks compare the two)
         self.prefix = PrefixEncoder(min_shared=64 if prefix_refs else 1 << 62)
         self.spool = Spool(spool_dir(self.root, instance), fsync=fsync, header=SPOOL_HEADER)
         self._move_lock = threading.Lock()
+        self._backlog, self._backlog_at = 0, float("-inf")
         self._stop = threading.Event()
         try:
             self.replayed = self._replay()
         except BaseException:
             self.spool.close()
+            if self.mover_process is not None:
+                self.mover_process.close()
             raise
         self._thread = threading.Thread(target=self._run, name="trace-mover", daemon=True)
         self._thread.start()
@@ -136,11 +118,21 @@ class TraceWriter:
         self._move()
         return len(self.spool.sealed())
 
+    def backlog_bytes(self) -> int:
+        """Bytes of records durable in the spool and not yet in Parquet. Looked up at most every
+        0.1 s: the gateway asks on every request."""
+        now = time.monotonic()
+        if now - self._backlog_at >= 0.1:
+            self._backlog, self._backlog_at = self.spool.bytes_on_disk(), now
+        return self._backlog
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
         self.flush()
         self.spool.close()
+        if self.mover_process is not None:
+            self.mover_process.close()
 
     def _run(self) -> None:
         next_move = time.monotonic() + self.max_age_s
@@ -167,37 +159,17 @@ class TraceWriter:
                     log.warning("could not convert %s to Parquet (retried next move): %s", seg, exc)
 
     def _convert(self, segment: Path) -> int:
-        fields, rows = read_rows(segment)
-        if not rows:
-            segment.unlink()
-            fsync_path(segment.parent)
-            return 0
-        tid, ts, model = (fields.index(f) for f in ("trace_id", "time_received", "gen_ai_request_model"))
-        by_id = {r[tid]: r for r in rows}  # a replayed id keeps its last copy
-        groups: dict[tuple[str, str], list[list]] = {}
-        for r in by_id.values():
-            groups.setdefault(partition_of({"time_received": r[ts], "gen_ai_request_model": r[model]}), []).append(r)
-        for (date, model), rows in groups.items():
-            part = private_dirs(self.root / f"date={date}" / f"model={model}")
-            name = converted_name(self.instance, segment)
-            tmp = part / f".{name}.tmp"
-            pq.write_table(rows_to_table(fields, rows), tmp, compression="zstd")
-            seal(tmp, part / name)
-            if self.on_converted is not None:
-                self.on_converted(part, name, [r[tid] for r in rows])
+        want_ids = self.on_converted is not None
+        if self.mover_process is not None:
+            rows, outputs = self.mover_process.convert(self.root, self.instance, segment, want_ids)
+        else:
+            rows, outputs = convert_segment(self.root, self.instance, segment, want_ids)
+        if self.on_converted is not None:
+            for part, name, ids in outputs:
+                self.on_converted(Path(part), name, ids)
         segment.unlink()
         fsync_path(segment.parent)
-        return len(by_id)
-
-
-def read_rows(segment: Path) -> tuple[list[str], list[list]]:
-    """A writer segment's field order (from its header frame) and its intact rows."""
-    frames, _ = read_segment(segment)
-    if not frames:  # opened, then the process died before anything was written: empty
-        return [], []
-    if not isinstance(frames[0], dict) or "fields" not in frames[0]:
-        raise ValueError(f"{segment} has no header frame; not a trace writer segment")
-    return frames[0]["fields"], frames[1:]
+        return rows
 
 
 def _settle(fut: asyncio.Future, error: BaseException | None) -> None:

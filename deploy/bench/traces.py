@@ -29,7 +29,8 @@ from traces.prefix import PrefixEncoder
 from traces.schema import SCHEMA_VERSION, SPOOL_HEADER, check_record, rows_to_table, to_row
 from traces.spool import frame, read_segment
 from traces.store import TraceStore
-from traces.writer import TraceWriter, partition_of, read_rows
+from traces.mover import partition_of, read_rows
+from traces.writer import TraceWriter
 
 
 def chat_record(i: int, rng: random.Random, prompt_len: int, completion_len: int) -> dict:

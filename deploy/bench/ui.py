@@ -32,7 +32,7 @@ from deploy.bench import pct
 from serve.ui.queries import Reader, TraceFilters
 from traces.feedback import write_feedback
 from traces.schema import SCHEMA_VERSION, TRACE_SCHEMA
-from traces.writer import _model_dir
+from traces.mover import model_dir
 
 START_US = int(np.datetime64("2026-11-24T00:00:00", "us").astype(np.int64))
 DAY_US, DAYS, TURNS, CHUNK = 86_400 * 10**6, 7, 5, 100_000  # CHUNK is a multiple of TURNS
@@ -212,7 +212,7 @@ def generate(root: Path, total: int) -> None:
                 mask = (day == d) & (model == m)
                 if mask.any():  # one file per chunk and partition, named like a writer's
                     date = (np.datetime64("2026-11-24") + int(d)).astype(str)
-                    part = root / f"date={date}" / f"model={_model_dir(m)}"
+                    part = root / f"date={date}" / f"model={model_dir(m)}"
                     part.mkdir(parents=True, exist_ok=True)
                     pq.write_table(table.filter(pa.array(mask)), part / f"bench-{c:05d}.parquet", compression="zstd")
         rewarded = table.filter(pa.array(rng.random(table.num_rows) < 0.05)).select(["trace_id", "team", "env_id"])
