@@ -160,6 +160,11 @@ class Spool:
         return ticket
 
     @property
+    def durable_count(self) -> int:
+        """How many records appended so far are on disk (or failed): tickets below it are settled."""
+        return self._durable + 1
+
+    @property
     def last_ticket(self) -> int:
         return self._next_ticket - 1
 

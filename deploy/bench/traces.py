@@ -2,6 +2,7 @@
 at 1M / 10M rows.
 
     .venv/bin/python -m deploy.bench.traces [--rows 200000] [--big 10000000] [--stages-only]
+    .venv/bin/python -m deploy.bench.traces --sustained 120 --rate 50000
 
 Ingest runs pinned to one core with fsync on: a row counts once its future resolved (it is in
 the spool on disk), and again once it is in Parquet. The stages run the writer's own steps one
@@ -108,6 +109,70 @@ def ingest(rows: int, prompt_len: int, completion_len: int) -> dict:
             "parquet_rows_per_s": round(rows / parquet_s),
             "durable_MB_per_s": round(spool_bytes / durable_s / 1e6, 1),
             "parquet_bytes_per_row": round(on_disk / rows),
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def pin(cores: set[int], pid: int | None = None) -> None:
+    """Every thread of a process (this one by default) onto ``cores``."""
+    for tid in os.listdir(f"/proc/{pid or os.getpid()}/task"):
+        os.sched_setaffinity(int(tid), cores)
+
+
+def sustained(seconds: float, rate: int, mover: str, prompt_len: int = 150, completion_len: int = 50) -> dict:
+    """Records offered at ``rate`` per second for ``seconds``, as a gateway process takes them
+    (this process, its threads on core 0; ``mover="process"``: its mover child on core 1). Each
+    second: how many were offered, acknowledged (fsync'd) and how many bytes wait in the spool.
+    Then the time the mover needs to catch up once the offer stops, and every row read back."""
+    rng = random.Random(0)
+    pool = [chat_record(i, rng, prompt_len, completion_len) for i in range(2000)]
+    root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
+    try:
+        writer = TraceWriter(root, "bench", max_batch=20_000, max_age_s=1.0, mover=mover)
+        pin({0})
+        seen_child, timeline, sent = None, [], 0
+        t0 = time.perf_counter()
+        next_second = t0 + 1
+        while (now := time.perf_counter()) < t0 + seconds:
+            due = min(int((now - t0) * rate), sent + rate // 100)  # at most 10 ms' worth at once
+            while sent < due:
+                writer.submit(dict(pool[sent % 2000], trace_id=f"tr-{sent:012d}"))
+                sent += 1
+            child = writer.mover_process.pid if writer.mover_process else None
+            if child is not None and child != seen_child:
+                pin({1}, child)  # the mover child, on the other core
+                seen_child = child
+            if now >= next_second:
+                timeline.append((round(now - t0, 1), sent, writer.spool.durable_count, writer.spool.bytes_on_disk()))
+                next_second += 1
+            if sent >= due:
+                time.sleep(0.001)
+        offered_s = time.perf_counter() - t0
+        writer.wait_durable(sent - 1, timeout=None)
+        acked_s = time.perf_counter() - t0
+        waiting = writer.flush(timeout=600)
+        caught_up_s = time.perf_counter() - t0
+        writer.close()
+        pin(set(range(os.cpu_count() or 1)))
+        stored = TraceStore(root).count()
+        assert waiting == 0 and stored == sent, (waiting, stored, sent)
+        half = len(timeline) // 2
+        backlog_mid, backlog_end = timeline[half][3], timeline[-1][3]
+        return {
+            "mover": mover,
+            "offered_rows_per_s": rate,
+            "seconds": seconds,
+            "sent": sent,
+            "acknowledged_rows_per_s": round(sent / acked_s),
+            "converted_rows_per_s": round(sent / caught_up_s),
+            "catch_up_after_offer_s": round(caught_up_s - offered_s, 1),
+            "spool_backlog_MB_mid": round(backlog_mid / 1e6, 1),
+            "spool_backlog_MB_end": round(backlog_end / 1e6, 1),
+            "spool_backlog_growth_MB_per_min_second_half": round(
+                (backlog_end - backlog_mid) / 1e6 / max(timeline[-1][0] - timeline[half][0], 1) * 60, 1
+            ),
+            "timeline_s_sent_acked_spool_bytes": timeline,
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -296,9 +361,16 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=10_000_000, help="largest GROUP BY size")
     ap.add_argument("--stages-only", action="store_true", help="only where a row's time goes")
     ap.add_argument(
+        "--sustained", type=float, default=0, help="only SECONDS of ingest offered at --rate, mover in a thread and in a process"
+    )
+    ap.add_argument("--rate", type=int, default=50_000, help="rows per second offered by --sustained")
+    ap.add_argument(
         "--month", type=int, default=0, help="only a month of MONTH rows and the store's queries over it (both id layouts)"
     )
     args = ap.parse_args()
+    if args.sustained:
+        print(json.dumps({m: sustained(args.sustained, args.rate, m) for m in ("thread", "process")}, indent=2))
+        return
     os.sched_setaffinity(0, {0})  # ingest on one core
     if args.month:
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
