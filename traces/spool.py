@@ -64,15 +64,15 @@ def frame(payload: bytes) -> bytes:
 
 def read_segment(path: Path) -> tuple[list[dict], int]:
     """All intact records of a segment, and the byte offset where intact frames end."""
-    data = path.read_bytes()
-    records, pos = [], 0
-    while pos + _HEADER.size <= len(data):
+    data = memoryview(path.read_bytes())  # frames are checked and decoded in place, not copied
+    records, pos, size, decode, crc32 = [], 0, len(data), _decoder.decode, zlib.crc32
+    while pos + _HEADER.size <= size:
         length, crc = _HEADER.unpack_from(data, pos)
         end = pos + _HEADER.size + length
         payload = data[pos + _HEADER.size : end]
-        if end > len(data) or zlib.crc32(payload) != crc:
+        if end > size or crc32(payload) != crc:
             break
-        records.append(_decoder.decode(payload))
+        records.append(decode(payload))
         pos = end
     return records, pos
 
@@ -101,8 +101,11 @@ class Spool:
     "this record is fsync'd". Segments of earlier lifetimes are left alone for the caller to
     replay (``sealed``)."""
 
-    def __init__(self, directory: str | Path, fsync: bool = True, header: dict | None = None):
+    def __init__(self, directory: str | Path, fsync: bool = True, header: dict | None = None, max_records: int | None = None):
+        """``max_records``: a segment holding that many is sealed by the spool itself, so
+        segments stay that size while the mover is busy converting earlier ones."""
         self.dir = private_dirs(Path(directory))
+        self.max_records, self._filled = max_records, 0
         self._lock_fd = _lock(self.dir)
         self.fsync = fsync
         self.lifetime = new_lifetime()
@@ -146,6 +149,11 @@ class Spool:
     @property
     def records_in_segment(self) -> int:
         return self._records_in_segment
+
+    @property
+    def segments_filled(self) -> int:
+        """How many segments the spool has sealed for holding ``max_records``."""
+        return self._filled
 
     def append(self, record: dict, callback: Callable[[BaseException | None], None] | None = None) -> int:
         """Queue a record; returns its ticket. ``callback(None)`` (or ``callback(error)``) runs
@@ -243,6 +251,9 @@ class Spool:
             try:
                 self._write_locked(buf)
                 self._records_in_segment += len(batch)
+                if self.max_records is not None and self._records_in_segment >= self.max_records:
+                    self._close_segment()
+                    self._filled += 1
             except BaseException as exc:  # the disk said no: every waiter must hear it
                 error = exc
                 self._cut_back()

@@ -58,7 +58,7 @@ class TraceWriter:
         private_dirs(self.root)
         # prefix_refs=False stores every prompt whole (only benchmarks compare the two)
         self.prefix = PrefixEncoder(min_shared=64 if prefix_refs else 1 << 62)
-        self.spool = Spool(spool_dir(self.root, instance), fsync=fsync, header=SPOOL_HEADER)
+        self.spool = Spool(spool_dir(self.root, instance), fsync=fsync, header=SPOOL_HEADER, max_records=max_batch)
         self._move_lock = threading.Lock()
         self._backlog, self._backlog_at = 0, float("-inf")
         self._stop = threading.Event()
@@ -135,9 +135,11 @@ class TraceWriter:
             self.mover_process.close()
 
     def _run(self) -> None:
-        next_move = time.monotonic() + self.max_age_s
+        next_move, seen = time.monotonic() + self.max_age_s, self.spool.segments_filled
         while not self._stop.wait(0.05):
-            if time.monotonic() >= next_move or self.spool.records_in_segment >= self.max_batch:
+            # the spool seals a segment of max_batch records itself
+            if time.monotonic() >= next_move or self.spool.segments_filled != seen:
+                seen = self.spool.segments_filled
                 self._move()
                 next_move = time.monotonic() + self.max_age_s
 

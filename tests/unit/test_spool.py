@@ -25,6 +25,17 @@ def test_acknowledged_records_are_on_disk_and_a_torn_tail_is_ignored(tmp_path):
     assert len(read_segment(seg)[0]) == 49
 
 
+def test_a_full_segment_is_sealed_by_the_spool_while_the_mover_is_busy(tmp_path):
+    spool = Spool(tmp_path, max_records=3)
+    for i in range(7):  # one at a time: each is its own group
+        spool.wait(spool.append({"trace_id": f"t{i}"}), 5)
+    sealed = spool.sealed()
+    assert spool.segments_filled == 2 and len(sealed) == 2
+    assert [[r["trace_id"] for r in read_segment(s)[0]] for s in sealed] == [["t0", "t1", "t2"], ["t3", "t4", "t5"]]
+    spool.close()
+    assert [r["trace_id"] for r in read_segment(spool.segments()[-1])[0]] == ["t6"]
+
+
 def test_replaying_a_segment_twice_stores_each_trace_once(tmp_path):
     writer = TraceWriter(tmp_path, "gw", max_age_s=60)
     for i in range(20):
