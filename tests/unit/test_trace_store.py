@@ -1,12 +1,14 @@
-from datetime import datetime, timezone
+import random
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from traces.schema import SCHEMA_VERSION, TRACE_SCHEMA
+from traces.schema import SCHEMA_VERSION, SPOOL_HEADER, STORED_FIELDS, TRACE_SCHEMA, micros
+from traces.spool import Spool
 from traces.store import TraceStore
-from traces.writer import TraceWriter
+from traces.writer import TraceWriter, spool_dir
 
 
 def record(i: int, **kw) -> dict:
@@ -50,6 +52,30 @@ def test_records_round_trip_exactly_through_parquet(tmp_path):
     by_team = store.sql("SELECT team, count(*) AS n FROM traces GROUP BY team ORDER BY team")
     assert by_team.to_pylist() == [{"team": "a", "n": 3}, {"team": "b", "n": 4}]
     writer.close()
+
+
+def test_times_are_stored_to_the_microsecond_and_older_segments_still_convert(tmp_path):
+    rng = random.Random(7)
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    times = [epoch + timedelta(microseconds=rng.randrange(0, 4_102_444_800 * 10**6)) for _ in range(2000)]
+    times += [datetime(2026, 12, 5, 23, 59, 59, 999_999, tzinfo=timezone.utc), datetime(2026, 12, 5, 9, 0, 0, 1)]
+    assert [micros(t) for t in times[:-1]] == [(t - epoch) // timedelta(microseconds=1) for t in times[:-1]]
+    assert micros(times[-1]) == micros(times[-1].replace(tzinfo=timezone.utc))  # naive: UTC, as Arrow reads it
+    # a segment written before times were spooled as integers holds datetimes
+    old = Spool(spool_dir(tmp_path, "gw"), header=SPOOL_HEADER)
+    old.wait(
+        old.append([{"trace_id": "tr-old", "time_received": times[0], "time_done": times[1]}.get(f) for f in STORED_FIELDS]), 5
+    )
+    old.close()
+    writer = TraceWriter(tmp_path, "gw")
+    assert writer.replayed == 1
+    writer.write({"trace_id": "tr-new", "time_received": times[-2], "time_done": times[2]})
+    writer.close()
+    got = TraceStore(tmp_path).sql("SELECT trace_id, time_received, time_done FROM traces ORDER BY trace_id").to_pylist()
+    assert got == [
+        {"trace_id": "tr-new", "time_received": times[-2], "time_done": times[2]},
+        {"trace_id": "tr-old", "time_received": times[0], "time_done": times[1]},
+    ]
 
 
 def test_files_are_partitioned_by_date_and_model(tmp_path):
