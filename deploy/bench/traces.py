@@ -178,6 +178,75 @@ def sustained(seconds: float, rate: int, mover: str, prompt_len: int = 150, comp
         shutil.rmtree(root, ignore_errors=True)
 
 
+def agent_sustained(seconds: float, sessions: int = 16, prompt: int = 140_000, new: int = 6_000, turns: int = 10) -> dict:
+    """Agent turns as fast as they are acknowledged for ``seconds``: ~140K-token prompts that
+    extend the session's last turn, ``new`` tokens (and logprobs) generated per turn, stored
+    as prefix references. A session's next turn comes once its last one is durable, as its
+    agent gets the answer only then; ``sessions`` of them interleave. Engine tokens per second
+    (prompt + completion) acknowledged and converted, with the mover in its process."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
+    try:
+        writer = TraceWriter(root, "bench", max_batch=500, max_age_s=1.0, mover="process")
+        pin({0})
+        state = [{"prompt": rng.integers(0, 151_936, prompt).tolist(), "turn": 0, "ticket": -1} for _ in range(sessions)]
+        rows = tokens = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() < t0 + seconds:
+            s = state[rows % sessions]
+            if s["ticket"] >= 0:
+                writer.wait_durable(s["ticket"], timeout=None)
+            completion = rng.integers(0, 151_936, new).tolist()
+            s["ticket"] = writer.submit(
+                {
+                    "trace_id": f"tr-{rows:012d}",
+                    "gen_ai_conversation_id": f"s{rows % sessions}-{s['turn'] // turns}",
+                    "gen_ai_request_model": "m",
+                    "prompt_token_ids": s["prompt"],
+                    "completion_token_ids": completion,
+                    "completion_logprobs": (-rng.random(new)).tolist(),
+                    "time_received": datetime.now(timezone.utc),
+                    "http_status": 200,
+                }
+            )
+            tokens += len(s["prompt"]) + new
+            rows += 1
+            s["turn"] += 1
+            if s["turn"] % turns == 0:  # a new session, back to a ~140K prompt
+                s["prompt"] = rng.integers(0, 151_936, prompt).tolist()
+            else:
+                s["prompt"] = s["prompt"] + completion + rng.integers(0, 151_936, 200).tolist()
+            child = writer.mover_process.pid
+            if child is not None and not os.sched_getaffinity(child) == {1}:
+                pin({1}, child)
+        writer.wait_durable(rows - 1, timeout=None)
+        acked_s = time.perf_counter() - t0
+        spool = writer.spool.bytes_on_disk()
+        assert writer.flush(timeout=600) == 0
+        caught_up_s = time.perf_counter() - t0
+        writer.close()
+        pin(set(range(os.cpu_count() or 1)))
+        store = TraceStore(root)
+        assert store.count() == rows
+        refs = store.sql("SELECT count(*) AS n FROM traces WHERE prompt_prefix_trace_id IS NOT NULL").column("n")[0].as_py()
+        on_disk = sum(p.stat().st_size for p in root.rglob("*.parquet"))
+        return {
+            "seconds": seconds,
+            "rows": rows,
+            "rows_stored_as_prefix_reference": refs,
+            "engine_tokens": tokens,
+            "acknowledged_engine_tokens_per_s": round(tokens / acked_s),
+            "converted_engine_tokens_per_s": round(tokens / caught_up_s),
+            "acknowledged_rows_per_s": round(rows / acked_s, 1),
+            "spool_MB_at_end_of_offer": round(spool / 1e6, 1),
+            "parquet_bytes_per_row": round(on_disk / rows),
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def stages(rows: int, prompt_len: int, completion_len: int) -> dict:
     """Microseconds per row of each step a 200-token row takes through the writer, and the
     Parquet file's bytes per row under each codec."""
@@ -369,7 +438,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.sustained:
-        print(json.dumps({m: sustained(args.sustained, args.rate, m) for m in ("thread", "process")}, indent=2))
+        runs = {f"200_tokens_mover_{m}": sustained(args.sustained, args.rate, m) for m in ("thread", "process")}
+        runs["agent_turns_mover_process"] = agent_sustained(args.sustained)
+        print(json.dumps(runs, indent=2))
         return
     os.sched_setaffinity(0, {0})  # ingest on one core
     if args.month:
