@@ -16,6 +16,7 @@ exits when it closes: when the writer closes it, or when the gateway dies, howev
 from __future__ import annotations
 
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -189,4 +190,9 @@ def serve(requests, replies) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    # Ctrl-C reaches the gateway's whole process group: the gateway closes the pipe when it stops
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # replies on a descriptor of their own: anything a library prints goes to stderr, not into them
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    serve(sys.stdin.buffer, replies)

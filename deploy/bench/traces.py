@@ -3,6 +3,7 @@ at 1M / 10M rows.
 
     .venv/bin/python -m deploy.bench.traces [--rows 200000] [--big 10000000] [--stages-only]
     .venv/bin/python -m deploy.bench.traces --sustained 120 --rate 50000
+    .venv/bin/python -m deploy.bench.traces --compaction-hour
 
 Ingest runs pinned to one core with fsync on: a row counts once its future resolved (it is in
 the spool on disk), and again once it is in Parquet. The stages run the writer's own steps one
@@ -20,7 +21,7 @@ import random
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import msgspec
@@ -247,6 +248,64 @@ def agent_sustained(seconds: float, sessions: int = 16, prompt: int = 140_000, n
         shutil.rmtree(root, ignore_errors=True)
 
 
+def compaction_hour(minutes: int = 60, rate: int = 1000, every_min: int = 5) -> dict:
+    """An hour of ingest at ``rate`` rows/s in simulated time: a segment sealed and converted
+    each second (one file per second, as ``trace_flush_age_s`` = 1 makes them at that rate),
+    ``flywheel traces compact`` every ``every_min`` minutes. Files in the partition before and
+    after each compaction, its time, the bytes it rewrote; then every row read back once."""
+    from traces.housekeeping import compact, data_files
+
+    rng = random.Random(0)
+    pool = [chat_record(i, rng, 150, 50) for i in range(2000)]
+    root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
+    try:
+        writer = TraceWriter(root, "bench", max_batch=10 * rate, max_age_s=1e9)
+        start, sent, rounds, most_files = datetime(2026, 12, 5, 9, tzinfo=timezone.utc), 0, [], 0
+        ingested_bytes = rewritten_bytes = 0
+        for second in range(minutes * 60):
+            at = start + timedelta(seconds=second)
+            for _ in range(rate):
+                writer.submit(dict(pool[sent % 2000], trace_id=f"tr-{sent:012d}", time_received=at))
+                sent += 1
+            writer.flush()
+            (part,) = root.glob("date=*/model=*")
+            files = data_files(part)
+            most_files = max(most_files, len(files))
+            if (second + 1) % (every_min * 60) == 0:
+                before = sum(f.stat().st_size for f in files)
+                t0 = time.perf_counter()
+                report = compact(root)
+                took = time.perf_counter() - t0
+                after = data_files(part)
+                rewritten_bytes += sum(f.stat().st_size for f in after if f not in files)
+                ingested_bytes = sum(f.stat().st_size for f in after)
+                rounds.append(
+                    {
+                        "minute": (second + 1) // 60,
+                        "files_before": len(files),
+                        "files_after": len(after),
+                        "compact_s": round(took, 2),
+                        "rows_rewritten": report["rows"],
+                        "partition_MB": round(before / 1e6, 1),
+                    }
+                )
+        writer.close()
+        stored = TraceStore(root).count()
+        assert stored == sent, (stored, sent)
+        return {
+            "simulated_minutes": minutes,
+            "rows_per_s": rate,
+            "rows": sent,
+            "compact_every_min": every_min,
+            "most_files_in_partition": most_files,
+            "compaction_s_max": max(r["compact_s"] for r in rounds),
+            "bytes_rewritten_over_stored": round(rewritten_bytes / max(ingested_bytes, 1), 1),
+            "rounds": rounds,
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def stages(rows: int, prompt_len: int, completion_len: int) -> dict:
     """Microseconds per row of each step a 200-token row takes through the writer, and the
     Parquet file's bytes per row under each codec."""
@@ -434,9 +493,15 @@ def main() -> None:
     )
     ap.add_argument("--rate", type=int, default=50_000, help="rows per second offered by --sustained")
     ap.add_argument(
+        "--compaction-hour", action="store_true", help="only an hour at 1,000 rows/s in simulated time, compacted every 5 min"
+    )
+    ap.add_argument(
         "--month", type=int, default=0, help="only a month of MONTH rows and the store's queries over it (both id layouts)"
     )
     args = ap.parse_args()
+    if args.compaction_hour:
+        print(json.dumps({"compaction_hour": compaction_hour()}, indent=2))
+        return
     if args.sustained:
         runs = {f"200_tokens_mover_{m}": sustained(args.sustained, args.rate, m) for m in ("thread", "process")}
         runs["agent_turns_mover_process"] = agent_sustained(args.sustained)
