@@ -2,6 +2,7 @@
 relay in front of it, side by side.
 
     .venv/bin/flywheel up -p sim && .venv/bin/python -m deploy.bench.gateway [--rates 10,25,50,100]
+        [--tokens 16]       # tokens per streamed answer (4)
         [--prompt-kb 512]   # an agent-sized conversation instead of "hi": the deployment's
                             # context must hold it (flywheel up -p sim --set worker.max_model_len=262144)
         [--api responses|messages]  # the same conversation through that API's route in place
@@ -12,6 +13,7 @@ finished), streaming, with trace capture on (the gateway's normal path: durable 
 Parquet). Requests rotate between the gateway, the minimal relay (``deploy/bench/relay.py``,
 started here on the same frontend) and the deployment's frontend, so the three paths see the
 same machine at the same moment. Reported: time to the first streamed token and to the end,
+the CPU the gateway's and the relay's processes spent per request they served (/proc),
 p50 / p99, each path's addition to the direct one, and the highest rate at which the
 gateway's added p99 TTFT stays under 5 ms. Rates where the deployment itself is saturated
 (direct TTFT p50 far above its unloaded value) say nothing about the gateway: read the
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,6 +33,8 @@ import time
 import httpx
 
 from deploy.bench import pct
+from deploy.stack.config import load_config
+from deploy.stack.processes import ProcessManager, cpu_seconds, group_pids
 from serve.upstream_http import upstream_client
 
 PATHS = ("gw", "relay", "direct")
@@ -47,11 +52,11 @@ def conversation(prompt_kb: int) -> list[dict]:
     return messages
 
 
-def request_body(api: str, messages: list[dict]) -> dict:
-    """A streamed request of 4 tokens for ``messages`` in ``api``'s shape."""
+def request_body(api: str, messages: list[dict], tokens: int = 4) -> dict:
+    """A streamed request of ``tokens`` tokens for ``messages`` in ``api``'s shape."""
     if api == "responses":
-        return {"model": "tiny", "input": messages, "max_output_tokens": 4, "stream": True}
-    return {"model": "tiny", "messages": messages, "max_tokens": 4, "stream": True}
+        return {"model": "tiny", "input": messages, "max_output_tokens": tokens, "stream": True}
+    return {"model": "tiny", "messages": messages, "max_tokens": tokens, "stream": True}
 
 
 async def one(client: httpx.AsyncClient, url: str, out: dict, key: str, body: dict) -> None:
@@ -74,7 +79,18 @@ async def one(client: httpx.AsyncClient, url: str, out: dict, key: str, body: di
     out[key + "_total"].append(time.perf_counter() - t0)
 
 
-async def run_rate(urls: dict[str, str], rate: float, seconds: float, bodies: dict[str, dict]) -> dict:
+def group_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and everything in its process group (the
+    gateway's trace mover is its child)."""
+    return sum(cpu_seconds(p) for p in group_pids(os.getpgid(pid)))
+
+
+async def run_rate(
+    urls: dict[str, str], rate: float, seconds: float, bodies: dict[str, dict], pids: dict[str, int] | None = None
+) -> dict:
+    """``pids``: the gateway's and the relay's; their CPU per request they served is reported."""
+    pids = pids or {}
+    cpu_before = {p: group_cpu_s(pid) for p, pid in pids.items()}
     out = {f"{p}_{m}": [] for p in PATHS for m in ("ttft", "total")}
     out.update({f"{p}_errors": 0 for p in PATHS})
     # the gateway's own client: TCP_NODELAY and quick ACKs, so no path shows the kernel's
@@ -92,6 +108,8 @@ async def run_rate(urls: dict[str, str], rate: float, seconds: float, bodies: di
         achieved = n / (time.perf_counter() - start)
         await asyncio.gather(*tasks)
     row = {"rate": rate, "achieved_send_rate": round(achieved, 1), "errors": sum(out[f"{p}_errors"] for p in PATHS)}
+    for p, pid in pids.items():  # each path got every third request
+        row[f"cpu_ms_per_request_{p}"] = round((group_cpu_s(pid) - cpu_before[p]) * 1000 / len(range(PATHS.index(p), n, 3)), 3)
     for metric in ("ttft", "total"):
         for q, name in ((0.5, "p50"), (0.99, "p99")):
             d = pct(out[f"direct_{metric}"], q) * 1000
@@ -145,21 +163,29 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=9.0)
     ap.add_argument("--prompt-kb", type=int, default=0, help="send a ~N KB agent conversation instead of 'hi'")
     ap.add_argument("--api", choices=["chat", "responses", "messages"], default="chat", help="the third path: this API's route")
+    ap.add_argument("--tokens", type=int, default=4, help="tokens per streamed answer")
+    ap.add_argument("--profile", default="sim", help="the running stack whose gateway's CPU is measured")
     args = ap.parse_args()
     messages = conversation(args.prompt_kb)
-    chat = request_body("chat", messages)
+    chat = request_body("chat", messages, args.tokens)
+    gateway_pid = ProcessManager(load_config(args.profile).run_dir).pid("gateway")
+    if gateway_pid is None:
+        sys.exit(f"no gateway of profile {args.profile!r} is running: flywheel up -p {args.profile}")
+    pids = {"gw": gateway_pid}
     bodies = {"gw": chat, "relay": chat, "direct": chat}
     urls = {"gw": args.gateway + ROUTES["chat"], "direct": args.direct + ROUTES["chat"]}
     relay = None
     if args.api == "chat":
         relay_url = f"http://127.0.0.1:{args.relay_port}"
         relay = subprocess.Popen(
-            [sys.executable, "-m", "deploy.bench.relay", "--upstream", args.direct, "--port", str(args.relay_port)]
+            [sys.executable, "-m", "deploy.bench.relay", "--upstream", args.direct, "--port", str(args.relay_port)],
+            start_new_session=True,  # a process group of its own: its CPU is counted alone
         )
         urls["relay"] = relay_url + ROUTES["chat"]
+        pids["relay"] = relay.pid
     else:  # the "relay" column is this API through the same gateway
         urls["relay"] = args.gateway + ROUTES[args.api]
-        bodies["relay"] = request_body(args.api, messages)
+        bodies["relay"] = request_body(args.api, messages, args.tokens)
     try:
         for _ in range(100 if relay else 0):
             try:
@@ -168,7 +194,7 @@ def main() -> None:
             except httpx.TransportError:
                 time.sleep(0.1)
         asyncio.run(run_rate(urls, 10, 2, bodies))  # warm-up: connections, caches, first-request costs
-        rows = [asyncio.run(run_rate(urls, float(r), args.seconds, bodies)) for r in args.rates.split(",")]
+        rows = [asyncio.run(run_rate(urls, float(r), args.seconds, bodies, pids)) for r in args.rates.split(",")]
     finally:
         if relay is not None:
             relay.terminate()
@@ -198,6 +224,10 @@ def main() -> None:
                 f"{r['rate']:.0f}/s: {args.api} over chat through the gateway, p50: TTFT {ttft:+.2f} ms, stream {total:+.2f} ms"
             )
         print(f"the translation alone, in process: {translation_ms(args.api, messages):.3f} ms a request (4-token stream)")
+    for r in rows:
+        relay_cpu = f", the minimal relay {r['cpu_ms_per_request_relay']:.2f}" if "cpu_ms_per_request_relay" in r else ""
+        gateway_cpu = r["cpu_ms_per_request_gw"]
+        print(f"{r['rate']:.0f}/s: CPU ms per streamed request of {args.tokens} tokens: gateway {gateway_cpu:.2f}{relay_cpu}")
     ok = [r["rate"] for r in unsaturated if r["ttft_p99_gw_added_ms"] <= 5 and r["errors"] == 0]
     print(
         f"highest unsaturated rate with the gateway's added p99 TTFT <= 5 ms: {max(ok):.0f}/s"
