@@ -121,6 +121,18 @@ def pin(cores: set[int], pid: int | None = None) -> None:
         os.sched_setaffinity(int(tid), cores)
 
 
+def drain(writer: TraceWriter, root: Path, t0: float, rows: int) -> tuple[float, TraceStore]:
+    """Every row in Parquet: the seconds since ``t0`` that took, and the store, checked to hold
+    exactly ``rows``."""
+    waiting = writer.flush(timeout=600)
+    caught_up_s = time.perf_counter() - t0
+    writer.close()
+    pin(set(range(os.cpu_count() or 1)))
+    store = TraceStore(root)
+    assert waiting == 0 and store.count() == rows, (waiting, store.count(), rows)
+    return caught_up_s, store
+
+
 def sustained(seconds: float, rate: int, mover: str, prompt_len: int = 150, completion_len: int = 50) -> dict:
     """Records offered at ``rate`` per second for ``seconds``, as a gateway process takes them
     (this process, its threads on core 0; ``mover="process"``: its mover child on core 1). Each
@@ -152,12 +164,7 @@ def sustained(seconds: float, rate: int, mover: str, prompt_len: int = 150, comp
         offered_s = time.perf_counter() - t0
         writer.wait_durable(sent - 1, timeout=None)
         acked_s = time.perf_counter() - t0
-        waiting = writer.flush(timeout=600)
-        caught_up_s = time.perf_counter() - t0
-        writer.close()
-        pin(set(range(os.cpu_count() or 1)))
-        stored = TraceStore(root).count()
-        assert waiting == 0 and stored == sent, (waiting, stored, sent)
+        caught_up_s, _ = drain(writer, root, t0, sent)
         half = len(timeline) // 2
         backlog_mid, backlog_end = timeline[half][3], timeline[-1][3]
         return {
@@ -225,12 +232,7 @@ def agent_sustained(seconds: float, sessions: int = 16, prompt: int = 140_000, n
         writer.wait_durable(rows - 1, timeout=None)
         acked_s = time.perf_counter() - t0
         spool = writer.spool.bytes_on_disk()
-        assert writer.flush(timeout=600) == 0
-        caught_up_s = time.perf_counter() - t0
-        writer.close()
-        pin(set(range(os.cpu_count() or 1)))
-        store = TraceStore(root)
-        assert store.count() == rows
+        caught_up_s, store = drain(writer, root, t0, rows)
         refs = store.sql("SELECT count(*) AS n FROM traces WHERE prompt_prefix_trace_id IS NOT NULL").column("n")[0].as_py()
         on_disk = sum(p.stat().st_size for p in root.rglob("*.parquet"))
         return {

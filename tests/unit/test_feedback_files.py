@@ -75,7 +75,7 @@ def test_compaction_between_a_half_failed_conversion_and_its_retry_stores_no_row
             raise OSError(28, "No space left on device")
         return real(*a, **k)
 
-    monkeypatch.setattr("traces.writer.pq.write_table", second_fails)
+    monkeypatch.setattr("traces.mover.pq.write_table", second_fails)  # the conversion lives there now
     assert writer.flush() == 1  # the segment stays in the spool, to be converted again
     monkeypatch.undo()
     compact(tmp_path)
