@@ -147,10 +147,6 @@ class Spool:
             return [s for s in self.segments() if s != current]
 
     @property
-    def records_in_segment(self) -> int:
-        return self._records_in_segment
-
-    @property
     def segments_filled(self) -> int:
         """How many segments the spool has sealed for holding ``max_records``."""
         return self._filled

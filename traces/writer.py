@@ -54,7 +54,7 @@ class TraceWriter:
         self.root, self.instance = Path(root), instance
         self.on_converted = on_converted
         self.mover_process = MoverProcess() if mover == "process" else None
-        self.max_batch, self.max_age_s = max_batch, max_age_s
+        self.max_age_s = max_age_s
         private_dirs(self.root)
         # prefix_refs=False stores every prompt whole (only benchmarks compare the two)
         self.prefix = PrefixEncoder(min_shared=64 if prefix_refs else 1 << 62)

@@ -121,6 +121,13 @@ def pin(cores: set[int], pid: int | None = None) -> None:
         os.sched_setaffinity(int(tid), cores)
 
 
+def pin_mover(writer: TraceWriter) -> None:
+    """The writer's mover child, once it is started (and again after a restart), on core 1."""
+    child = writer.mover_process.pid if writer.mover_process else None
+    if child is not None and os.sched_getaffinity(child) != {1}:
+        pin({1}, child)
+
+
 def drain(writer: TraceWriter, root: Path, t0: float, rows: int) -> tuple[float, TraceStore]:
     """Every row in Parquet: the seconds since ``t0`` that took, and the store, checked to hold
     exactly ``rows``."""
@@ -144,7 +151,7 @@ def sustained(seconds: float, rate: int, mover: str, prompt_len: int = 150, comp
     try:
         writer = TraceWriter(root, "bench", max_batch=20_000, max_age_s=1.0, mover=mover)
         pin({0})
-        seen_child, timeline, sent = None, [], 0
+        timeline, sent = [], 0
         t0 = time.perf_counter()
         next_second = t0 + 1
         while (now := time.perf_counter()) < t0 + seconds:
@@ -152,10 +159,7 @@ def sustained(seconds: float, rate: int, mover: str, prompt_len: int = 150, comp
             while sent < due:
                 writer.submit(dict(pool[sent % 2000], trace_id=f"tr-{sent:012d}"))
                 sent += 1
-            child = writer.mover_process.pid if writer.mover_process else None
-            if child is not None and child != seen_child:
-                pin({1}, child)  # the mover child, on the other core
-                seen_child = child
+            pin_mover(writer)
             if now >= next_second:
                 timeline.append((round(now - t0, 1), sent, writer.spool.durable_count, writer.spool.bytes_on_disk()))
                 next_second += 1
@@ -226,9 +230,7 @@ def agent_sustained(seconds: float, sessions: int = 16, prompt: int = 140_000, n
                 s["prompt"] = rng.integers(0, 151_936, prompt).tolist()
             else:
                 s["prompt"] = s["prompt"] + completion + rng.integers(0, 151_936, 200).tolist()
-            child = writer.mover_process.pid
-            if child is not None and not os.sched_getaffinity(child) == {1}:
-                pin({1}, child)
+            pin_mover(writer)
         writer.wait_durable(rows - 1, timeout=None)
         acked_s = time.perf_counter() - t0
         spool = writer.spool.bytes_on_disk()
