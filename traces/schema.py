@@ -208,7 +208,12 @@ def micros(t: datetime) -> int:
     return round(t.timestamp() * 1e6)
 
 
-def _packed_column(values: list, dtype, type_: pa.DataType) -> pa.Array:
+def _packed_column(values: tuple, dtype, type_: pa.DataType) -> pa.Array:
+    if None not in values and all(map(bytes.__instancecheck__, values)):  # the usual segment: C loops only
+        itemsize = np.dtype(dtype).itemsize
+        offsets = np.zeros(len(values) + 1, np.int32)
+        np.cumsum(np.fromiter(map(len, values), np.int64, len(values)) // itemsize, out=offsets[1:])
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.frombuffer(b"".join(values), dtype), type_.value_type))
     if all(v is None or isinstance(v, bytes) for v in values):
         itemsize = np.dtype(dtype).itemsize
         lengths = np.fromiter((0 if v is None else len(v) // itemsize for v in values), np.int64, len(values))
@@ -222,6 +227,13 @@ def _packed_column(values: list, dtype, type_: pa.DataType) -> pa.Array:
     return pa.array([np.frombuffer(v, dtype).tolist() if isinstance(v, bytes) else v for v in values], type_)
 
 
+def _time_column(values: tuple, type_: pa.DataType) -> pa.Array:
+    try:  # integer microseconds, as to_row writes them
+        return pa.array(values, pa.int64()).cast(type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # a segment from before: datetimes
+        return pa.array(values, type_)
+
+
 def rows_to_table(fields: list[str], rows: list[list]) -> pa.Table:
     """Positional rows (in ``fields`` order) -> an Arrow table with the current schema."""
     by_name = dict(zip(fields, zip(*rows))) if rows else {}
@@ -233,9 +245,9 @@ def rows_to_table(fields: list[str], rows: list[list]) -> pa.Table:
         elif values is None:
             columns.append(pa.nulls(len(rows), f.type))
         elif f.name in PACKED:
-            columns.append(_packed_column(list(values), PACKED[f.name][1], f.type))
-        elif f.type == _ts and all(v is None or type(v) is int for v in values):
-            columns.append(pa.array(values, pa.int64()).cast(f.type))
+            columns.append(_packed_column(values, PACKED[f.name][1], f.type))
+        elif f.type == _ts:
+            columns.append(_time_column(values, f.type))
         else:
             columns.append(pa.array(values, f.type))
     return pa.Table.from_arrays(columns, schema=TRACE_SCHEMA)
