@@ -123,7 +123,9 @@ class UpstreamResponse:
                     raise UpstreamTimeout(f"no data from the deployment for {self._timeout:g} s")
             finally:
                 self._waiter = None
-        data = self._chunks.popleft()
+        # everything that has arrived: pieces that came in one loop turn are answered together
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
         self._buffered -= len(data)
         if self._conn.paused and self._buffered <= _HIGH_WATER // 2 and not self._conn.closed:
             self._conn.paused = False
@@ -136,18 +138,18 @@ class UpstreamResponse:
             parts.append(piece)
         return b"".join(parts)
 
-    async def lines(self):
-        """The body's lines, without their line ends (an SSE stream's fields, one at a time)."""
+    async def line_groups(self):
+        """The body's lines, without their line ends (an SSE stream's fields), in groups: the
+        whole lines of all that had arrived by each read, so they can be answered at once."""
         rest = b""
         while piece := await self.chunk():
             rest += piece
             if b"\n" not in piece:
                 continue
             *whole, rest = rest.split(b"\n")
-            for line in whole:
-                yield line[:-1] if line.endswith(b"\r") else line
+            yield [line[:-1] if line.endswith(b"\r") else line for line in whole]
         if rest:
-            yield rest
+            yield [rest]
 
     def close(self) -> None:
         """Done with it: a connection whose response was read whole goes back to the pool."""

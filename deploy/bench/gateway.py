@@ -7,6 +7,10 @@ relay in front of it, side by side.
                             # context must hold it (flywheel up -p sim --set worker.max_model_len=262144)
         [--api responses|messages]  # the same conversation through that API's route in place
                                     # of the minimal relay: what its translation adds over chat
+    .venv/bin/python -m deploy.bench.gateway --canned [--rates 100,200] [--tokens 16]
+        # no stack: a gateway of its own (default config, capture on) and the minimal relay in
+        # front of deploy/bench/canned_upstream.py, which answers at once; then the gateway
+        # alone, as fast as it answers, to check the ceiling its CPU per request projects
 
 Open-loop load at each fixed rate (requests are sent on schedule whether or not earlier ones
 finished), streaming, with trace capture on (the gateway's normal path: durable spool, then
@@ -18,6 +22,12 @@ p50 / p99, each path's addition to the direct one, and the highest rate at which
 gateway's added p99 TTFT stays under 5 ms. Rates where the deployment itself is saturated
 (direct TTFT p50 far above its unloaded value) say nothing about the gateway: read the
 direct column first.
+
+With ``--canned`` the deployment is a stand-in that streams the same answer at once, so the
+gateway is what saturates: the gateway (its trace mover included) runs on core 0, the stand-in,
+the relay and this load on core 1. Besides the rates, it prints the ceiling the gateway's CPU per
+request projects (requests a second per core) and what the gateway actually answered with
+``--saturate`` streams kept open against it alone.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import httpx
 from deploy.bench import pct
 from deploy.stack.config import load_config
 from deploy.stack.processes import ProcessManager, cpu_seconds, group_pids
+from traces.store import TraceStore
 from serve.upstream_http import upstream_client
 
 PATHS = ("gw", "relay", "direct")
@@ -108,6 +119,7 @@ async def run_rate(
         achieved = n / (time.perf_counter() - start)
         await asyncio.gather(*tasks)
     row = {"rate": rate, "achieved_send_rate": round(achieved, 1), "errors": sum(out[f"{p}_errors"] for p in PATHS)}
+    row["answered_gw"] = len(out["gw_total"])
     for p, pid in pids.items():  # each path got every third request
         row[f"cpu_ms_per_request_{p}"] = round((group_cpu_s(pid) - cpu_before[p]) * 1000 / len(range(PATHS.index(p), n, 3)), 3)
     for metric in ("ttft", "total"):
@@ -118,6 +130,152 @@ async def run_rate(
                 row[f"{metric}_{name}_{p}_ms"] = round(pct(out[f"{p}_{metric}"], q) * 1000, 2)
                 row[f"{metric}_{name}_{p}_added_ms"] = round(row[f"{metric}_{name}_{p}_ms"] - d, 2)
     return row
+
+
+class _Client(asyncio.Protocol):
+    """One keep-alive connection sending ``request`` again as soon as its answer has ended
+    (the chunked body's last chunk); an answer is whole if it is a 200 that sent ``[DONE]``.
+    Raw bytes and no parsing, so the load costs far less than the gateway it measures."""
+
+    def __init__(self, request: bytes, until: float, tally: dict) -> None:
+        self.request, self.until, self.tally, self.buffer = request, until, tally, b""
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if not self.buffer.endswith(b"\r\n0\r\n\r\n"):
+            return
+        whole = self.buffer.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in self.buffer
+        self.tally["answered" if whole else "errors"] += 1
+        self.buffer = b""
+        if time.perf_counter() < self.until:
+            self.transport.write(self.request)
+        else:
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def saturate(url: str, body: dict, streams: int, seconds: float, pid: int) -> dict:
+    """``streams`` connections against one server alone (the gateway, or the relay), each
+    sending its next request as soon as its last answer ended, for ``seconds``: what it
+    answered a second, and the CPU of ``pid``'s process group for that."""
+    parts = httpx.URL(url)
+    payload = json.dumps(body).encode()
+    request = (
+        f"POST {parts.raw_path.decode()} HTTP/1.1\r\nhost: {parts.host}:{parts.port}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
+    tally = {"answered": 0, "errors": 0}
+    loop = asyncio.get_running_loop()
+    cpu_before, start = group_cpu_s(pid), time.perf_counter()
+    clients = []
+    for _ in range(streams):
+        _, client = await loop.create_connection(lambda: _Client(request, start + seconds, tally), parts.host, parts.port)
+        clients.append(client)
+    await asyncio.gather(*(c.closed for c in clients))
+    wall, cpu = time.perf_counter() - start, group_cpu_s(pid) - cpu_before
+    return {
+        "streams": streams,
+        "answered": tally["answered"],
+        "answered_per_s": round(tally["answered"] / wall, 1),
+        "errors": tally["errors"],
+        "cpu_ms_per_request": round(cpu * 1000 / max(tally["answered"], 1), 3),
+        "core_share": round(cpu / wall, 2),
+    }
+
+
+def start_canned(tokens: int, port: int, workdir: str) -> tuple[dict[str, str], dict[str, subprocess.Popen]]:
+    """The stand-in deployment (``port``), a gateway with a default config in front of it
+    (``port + 1``, traces under ``workdir``) and the minimal relay (``port + 2``), each in a
+    process group of its own; the gateway on core 0, the rest and this process on core 1."""
+    from serve.config import GatewayConfig
+
+    canned = f"http://127.0.0.1:{port}"
+    gw = GatewayConfig(
+        port=port + 1,
+        instance="bench-canned",
+        traces_dir=os.path.join(workdir, "traces"),
+        deployments=[{"name": "canned", "url": canned}],
+        models={"tiny": {"deployment": "canned", "upstream_model": "tiny"}},
+    )
+    config = os.path.join(workdir, "gateway.json")
+    with open(config, "w") as f:
+        f.write(gw.model_dump_json())
+    argvs = {
+        "canned": ["deploy.bench.canned_upstream", "--port", str(port), "--tokens", str(tokens)],
+        "gw": ["serve", "--config", config],
+        "relay": ["deploy.bench.relay", "--upstream", canned, "--port", str(port + 2)],
+    }
+    procs = {}
+    for name, argv in argvs.items():
+        procs[name] = subprocess.Popen([sys.executable, "-m", *argv], start_new_session=True)
+        os.sched_setaffinity(procs[name].pid, {0} if name == "gw" else {1})  # before it starts threads
+    os.sched_setaffinity(0, {1})
+    urls = {"gw": gw.url + ROUTES["chat"], "relay": f"http://127.0.0.1:{port + 2}" + ROUTES["chat"], "direct": canned + ROUTES["chat"]}
+    for probe in (canned + "/v1/models", gw.url + "/health", f"http://127.0.0.1:{port + 2}/docs"):
+        for _ in range(300):
+            try:
+                httpx.get(probe, timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        else:
+            raise SystemExit(f"{probe} did not answer in 30 s")
+    return urls, procs
+
+
+def stop_all(procs: dict[str, subprocess.Popen]) -> None:
+    for proc in procs.values():
+        proc.terminate()
+    for proc in procs.values():
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def canned_main(args: argparse.Namespace) -> None:
+    import tempfile
+
+    chat = request_body("chat", conversation(args.prompt_kb), args.tokens)
+    bodies = {p: chat for p in PATHS}
+    with tempfile.TemporaryDirectory(prefix="fw-bench-gw-") as workdir:
+        urls, procs = start_canned(args.tokens, args.canned_port, workdir)
+        try:
+            pids = {"gw": procs["gw"].pid, "relay": procs["relay"].pid}
+            warm = asyncio.run(run_rate(urls, 10, 2, bodies))
+            rows = [asyncio.run(run_rate(urls, float(r), args.seconds, bodies, pids)) for r in args.rates.split(",")]
+            full = {"gw": asyncio.run(saturate(urls["gw"], chat, args.saturate, args.seconds, pids["gw"]))}
+            for tid in os.listdir(f"/proc/{pids['relay']}/task"):  # the relay gets the gateway's core for its turn
+                os.sched_setaffinity(int(tid), {0})
+            full["relay"] = asyncio.run(saturate(urls["relay"], chat, args.saturate, args.seconds, pids["relay"]))
+        finally:
+            stop_all(procs)  # the gateway converts what its spool holds as it stops
+        # capture was on: every answer the gateway sent [DONE] for is a row in Parquet
+        answered = warm["answered_gw"] + sum(r["answered_gw"] for r in rows) + full["gw"]["answered"]
+        stored = TraceStore(os.path.join(workdir, "traces")).count()
+    print(json.dumps({"rates": rows, "saturated": full, "gateway_answers": answered, "trace_rows_stored": stored}, indent=2))
+    for r in rows:
+        gw_ms, relay_ms = r["cpu_ms_per_request_gw"], r["cpu_ms_per_request_relay"]
+        print(
+            f"{r['rate']:.0f}/s ({r['errors']} errors): CPU ms per streamed request of {args.tokens} tokens: gateway "
+            f"{gw_ms:.2f}, the minimal relay {relay_ms:.2f}; projected ceiling {1000 / gw_ms:.0f} requests/s per core"
+        )
+    for p, name in (("gw", "the gateway"), ("relay", "the minimal relay")):
+        f = full[p]
+        print(
+            f"{name} alone, {f['streams']} streams kept open: {f['answered_per_s']:.0f} requests/s answered "
+            f"({f['errors']} errors) on {f['core_share']:.2f} of a core, {f['cpu_ms_per_request']:.2f} ms CPU each"
+        )
+    print(f"trace rows in Parquet: {stored} of the gateway's {answered} answers")
 
 
 def translation_ms(api: str, messages: list[dict], n: int = 2000) -> float:
@@ -165,7 +323,13 @@ def main() -> None:
     ap.add_argument("--api", choices=["chat", "responses", "messages"], default="chat", help="the third path: this API's route")
     ap.add_argument("--tokens", type=int, default=4, help="tokens per streamed answer")
     ap.add_argument("--profile", default="sim", help="the running stack whose gateway's CPU is measured")
+    ap.add_argument("--canned", action="store_true", help="no stack: a gateway of its own in front of a stand-in that answers at once")
+    ap.add_argument("--canned-port", type=int, default=8310, help="--canned: the stand-in's port (the gateway +1, the relay +2)")
+    ap.add_argument("--saturate", type=int, default=32, help="--canned: streams kept open against the gateway alone")
     args = ap.parse_args()
+    if args.canned:
+        canned_main(args)
+        return
     messages = conversation(args.prompt_kb)
     chat = request_body("chat", messages, args.tokens)
     gateway_pid = ProcessManager(load_config(args.profile).run_dir).pid("gateway")

@@ -31,6 +31,7 @@ LAST = {
     "choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
 }
+BURST = [{**CHUNK, "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]} for i in range(20)]
 UNARY = {
     "id": "c1",
     "object": "chat.completion",
@@ -89,6 +90,9 @@ class Upstream(BaseHTTPRequestHandler):
             "error_event": [sse(CHUNK, {"error": {"message": "engine died"}})],
             "malformed": [sse(CHUNK), b'data: {"choices": [tru\n\n'],
             "dawdle": [sse(CHUNK)] + [b": keep-alive\n\n"] * 40 + [sse(LAST, "[DONE]")],
+            # a deployment ahead of its client: many events in one write
+            "burst": [sse(*BURST, LAST, "[DONE]")],
+            "burst_malformed": [sse(*BURST[:2]) + b'data: {"choices": [tru\n\n' + sse(LAST, "[DONE]")],
         }[mode]
         for part in script:
             try:
@@ -265,3 +269,33 @@ def test_a_response_whose_trace_cannot_be_stored_is_not_durable(upstream, tmp_pa
     assert state == "closed"
     rows = TraceStore(tmp_path / "traces").sql("SELECT outcome FROM traces").to_pylist()
     assert [r["outcome"] for r in rows] == ["ok"] * (len(statuses) - 1)
+
+
+@pytest.mark.parametrize("mode", ["burst", "burst_malformed"])
+def test_events_that_arrive_together_reach_the_client_whole_and_in_order(mode, upstream, tmp_path):
+    """The gateway answers what one read brought in one write: every event still reaches the
+    client, in order; one that breaks stops the stream after the events before it, with an
+    error event and no [DONE]."""
+    upstream.mode = mode
+    cfg = GatewayConfig(
+        port=free_port(),
+        deployments=[Deployment(name="d", url=f"http://127.0.0.1:{upstream.server_address[1]}")],
+        models={"tiny": ModelRoute(deployment="d", upstream_model="tiny")},
+        traces_dir=str(tmp_path / "traces"),
+    )
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    with Gateway(cfg) as gw:
+        with httpx.Client(base_url=gw.url, timeout=30) as client:
+            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        gw.app.state.parts.writer.flush()
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    texts = [c["choices"][0]["delta"]["content"] for c in chunks if "choices" in c]
+    row = TraceStore(tmp_path / "traces").sql("SELECT outcome, response_content FROM traces").to_pylist()[0]
+    if mode == "burst":
+        assert texts == [f"t{i} " for i in range(20)] + ["lo"] and events[-1] == "[DONE]"
+        assert row == {"outcome": "ok", "response_content": "".join(texts)}
+    else:
+        assert texts == ["t0 ", "t1 "] and "[DONE]" not in events
+        assert "malformed stream event" in chunks[-1]["error"]["message"]
+        assert row["outcome"] == Outcome.MALFORMED.value

@@ -68,7 +68,7 @@ def test_a_stream_in_small_pieces_arrives_as_whole_lines_over_one_kept_alive_con
             for _ in range(2):
                 response = await pool.post(url, "/v1/chat/completions", b'{"a": 1}')
                 assert response.status == 200 and response.headers["content-type"] == "text/event-stream"
-                seen.append([line async for line in response.lines() if line])
+                seen.append([line async for group in response.line_groups() for line in group if line])
                 response.close()
             return seen, len(connections)
         finally:
@@ -142,8 +142,8 @@ def test_a_stream_cut_before_its_end_is_a_broken_response_not_an_ending():
         lines = []
         try:
             response = await pool.post(url, "/v1/chat/completions", b"{}")
-            async for line in response.lines():
-                lines.append(line)
+            async for group in response.line_groups():
+                lines.extend(group)
         finally:
             assert [line for line in lines if line] == [b"data: one"]
             await pool.aclose()
