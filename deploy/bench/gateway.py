@@ -218,7 +218,11 @@ def start_canned(tokens: int, port: int, workdir: str) -> tuple[dict[str, str], 
         procs[name] = subprocess.Popen([sys.executable, "-m", *argv], start_new_session=True)
         os.sched_setaffinity(procs[name].pid, {0} if name == "gw" else {1})  # before it starts threads
     os.sched_setaffinity(0, {1})
-    urls = {"gw": gw.url + ROUTES["chat"], "relay": f"http://127.0.0.1:{port + 2}" + ROUTES["chat"], "direct": canned + ROUTES["chat"]}
+    urls = {
+        "gw": gw.url + ROUTES["chat"],
+        "relay": f"http://127.0.0.1:{port + 2}" + ROUTES["chat"],
+        "direct": canned + ROUTES["chat"],
+    }
     for probe in (canned + "/v1/models", gw.url + "/health", f"http://127.0.0.1:{port + 2}/docs"):
         for _ in range(300):
             try:
@@ -323,7 +327,9 @@ def main() -> None:
     ap.add_argument("--api", choices=["chat", "responses", "messages"], default="chat", help="the third path: this API's route")
     ap.add_argument("--tokens", type=int, default=4, help="tokens per streamed answer")
     ap.add_argument("--profile", default="sim", help="the running stack whose gateway's CPU is measured")
-    ap.add_argument("--canned", action="store_true", help="no stack: a gateway of its own in front of a stand-in that answers at once")
+    ap.add_argument(
+        "--canned", action="store_true", help="no stack: a gateway of its own in front of a stand-in that answers at once"
+    )
     ap.add_argument("--canned-port", type=int, default=8310, help="--canned: the stand-in's port (the gateway +1, the relay +2)")
     ap.add_argument("--saturate", type=int, default=32, help="--canned: streams kept open against the gateway alone")
     args = ap.parse_args()
