@@ -209,22 +209,15 @@ def micros(t: datetime) -> int:
 
 
 def _packed_column(values: tuple, dtype, type_: pa.DataType) -> pa.Array:
-    if None not in values and all(map(bytes.__instancecheck__, values)):  # the usual segment: C loops only
-        itemsize = np.dtype(dtype).itemsize
-        offsets = np.zeros(len(values) + 1, np.int32)
-        np.cumsum(np.fromiter(map(len, values), np.int64, len(values)) // itemsize, out=offsets[1:])
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.frombuffer(b"".join(values), dtype), type_.value_type))
-    if all(v is None or isinstance(v, bytes) for v in values):
-        itemsize = np.dtype(dtype).itemsize
-        lengths = np.fromiter((0 if v is None else len(v) // itemsize for v in values), np.int64, len(values))
-        offsets = np.zeros(len(values) + 1, np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.frombuffer(b"".join(v for v in values if v is not None), dtype=dtype)
-        mask = np.fromiter((v is None for v in values), bool, len(values))
-        return pa.ListArray.from_arrays(
-            pa.array(offsets), pa.array(flat, type_.value_type), mask=pa.array(mask) if mask.any() else None
-        )
-    return pa.array([np.frombuffer(v, dtype).tolist() if isinstance(v, bytes) else v for v in values], type_)
+    """A list column from packed bytes (None: a null list), by C loops over the values only."""
+    mask = np.fromiter((v is None for v in values), bool, len(values)) if None in values else None
+    packed = values if mask is None else tuple(b"" if v is None else v for v in values)
+    if not all(map(bytes.__instancecheck__, packed)):  # a segment from before packing: lists
+        return pa.array([np.frombuffer(v, dtype).tolist() if isinstance(v, bytes) else v for v in values], type_)
+    offsets = np.zeros(len(packed) + 1, np.int32)
+    np.cumsum(np.fromiter(map(len, packed), np.int64, len(packed)) // np.dtype(dtype).itemsize, out=offsets[1:])
+    flat = pa.array(np.frombuffer(b"".join(packed), dtype), type_.value_type)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=None if mask is None else pa.array(mask))
 
 
 def _time_column(values: tuple, type_: pa.DataType) -> pa.Array:
