@@ -17,87 +17,44 @@ import threading
 import time
 from collections import deque
 
-import httpx
 
 from deploy.bench import pct
+from deploy.bench.raw_client import RawConnection, connect, post_bytes
 from deploy.stack.config import load_config
 from traces.store import TraceStore
 
 
-class _Caller(asyncio.Protocol):
-    """One keep-alive connection to the gateway, one request on it at a time, its answer read as
-    raw bytes (status, ``x-trace-id``, ``content-length``). httpx's pool cannot offer 1,000
-    requests a second from one core: its connection assignment grows with the requests waiting."""
-
-    def __init__(self, idle: deque, answered: dict[str, float], tally: dict) -> None:
-        self.idle, self.answered, self.tally, self.buffer, self.need = idle, answered, tally, b"", None
-        self.busy = False
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def call(self, request: bytes) -> None:
-        self.busy = True
-        self.transport.write(request)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if self.need is None:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buffer[:end].decode("latin-1").split("\r\n")
-            fields = dict(line.lower().split(": ", 1) for line in head[1:])
-            self.status, self.trace_id = head[0].split(" ")[1], fields.get("x-trace-id")
-            self.need = end + 4 + int(fields.get("content-length", 0))
-        if len(self.buffer) < self.need:
-            return
-        if self.status == "200" and self.trace_id:
-            self.answered[self.trace_id] = time.monotonic()
-        else:
-            self.tally["errors"] += 1
-        self.tally["pending"] -= 1
-        self.buffer, self.need, self.busy = self.buffer[self.need :], None, False
-        self.idle.append(self)
-
-    def connection_lost(self, exc) -> None:
-        if self in self.idle:
-            self.idle.remove(self)
-        if self.busy:  # closed with a request on it
-            self.busy = False
-            self.tally["errors"] += 1
-            self.tally["pending"] -= 1
-
-
 async def load(gateway: str, rate: float, seconds: float, answered: dict[str, float]) -> int:
-    """Unary requests at ``rate`` for ``seconds`` (open loop: one waiting for a free connection
-    gets a new one); the errors."""
-    url = httpx.URL(gateway)
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
-    request = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {url.host}:{url.port}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
-    ).encode() + body
-    loop, idle, tally = asyncio.get_running_loop(), deque(), {"errors": 0, "pending": 0}
+    """Unary requests at ``rate`` for ``seconds``, open loop (a request that finds no free
+    connection opens one), over raw keep-alive connections: httpx's pool stalled this bench
+    itself near 1,000 requests a second. Returns the errors."""
+    url = f"{gateway}/v1/chat/completions"
+    request = post_bytes(url, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    idle, tally = deque(), {"errors": 0, "pending": 0}
 
-    async def connect() -> _Caller:
-        _, caller = await loop.create_connection(lambda: _Caller(idle, answered, tally), url.host, url.port)
-        return caller
+    def on_answer(conn: RawConnection, status: int, headers: dict[str, str], body: bytes) -> None:
+        tally["pending"] -= 1
+        if status == 200 and "x-trace-id" in headers:
+            answered[headers["x-trace-id"]] = time.monotonic()
+        else:
+            tally["errors"] += 1
+        if status:
+            idle.append(conn)
 
-    idle.extend([await connect() for _ in range(int(rate // 5) or 1)])
+    idle.extend([await connect(url, on_answer) for _ in range(int(rate // 5) or 1)])
     n, start = int(rate * seconds), time.monotonic()
     for i in range(n):
         delay = start + i / rate - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        caller = idle.popleft() if idle else await connect()
+        conn = idle.popleft() if idle else await connect(url, on_answer)
         tally["pending"] += 1
-        caller.call(request)
+        conn.send(request)
     deadline = time.monotonic() + 120
     while tally["pending"] > 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    for caller in idle:
-        caller.transport.close()
+    for conn in idle:
+        conn.transport.close()
     return tally["errors"] + tally["pending"]
 
 

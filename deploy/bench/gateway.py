@@ -43,6 +43,7 @@ import time
 import httpx
 
 from deploy.bench import pct
+from deploy.bench.raw_client import RawConnection, connect, post_bytes
 from deploy.stack.config import load_config
 from deploy.stack.processes import ProcessManager, cpu_seconds, group_pids
 from traces.store import TraceStore
@@ -132,54 +133,24 @@ async def run_rate(
     return row
 
 
-class _Client(asyncio.Protocol):
-    """One keep-alive connection sending ``request`` again as soon as its answer has ended
-    (the chunked body's last chunk); an answer is whole if it is a 200 that sent ``[DONE]``.
-    Raw bytes and no parsing, so the load costs far less than the gateway it measures."""
-
-    def __init__(self, request: bytes, until: float, tally: dict) -> None:
-        self.request, self.until, self.tally, self.buffer = request, until, tally, b""
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if not self.buffer.endswith(b"\r\n0\r\n\r\n"):
-            return
-        whole = self.buffer.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in self.buffer
-        self.tally["answered" if whole else "errors"] += 1
-        self.buffer = b""
-        if time.perf_counter() < self.until:
-            self.transport.write(self.request)
-        else:
-            self.transport.close()
-
-    def connection_lost(self, exc) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
 async def saturate(url: str, body: dict, streams: int, seconds: float, pid: int) -> dict:
     """``streams`` connections against one server alone (the gateway, or the relay), each
     sending its next request as soon as its last answer ended, for ``seconds``: what it
-    answered a second, and the CPU of ``pid``'s process group for that."""
-    parts = httpx.URL(url)
-    payload = json.dumps(body).encode()
-    request = (
-        f"POST {parts.raw_path.decode()} HTTP/1.1\r\nhost: {parts.host}:{parts.port}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(payload)}\r\n\r\n"
-    ).encode() + payload
-    tally = {"answered": 0, "errors": 0}
-    loop = asyncio.get_running_loop()
+    answered a second (a 200 that sent ``[DONE]``), and the CPU of ``pid``'s process group."""
+    request, tally = post_bytes(url, body), {"answered": 0, "errors": 0}
     cpu_before, start = group_cpu_s(pid), time.perf_counter()
-    clients = []
-    for _ in range(streams):
-        _, client = await loop.create_connection(lambda: _Client(request, start + seconds, tally), parts.host, parts.port)
-        clients.append(client)
-    await asyncio.gather(*(c.closed for c in clients))
+
+    def answered(conn: RawConnection, status: int, headers: dict[str, str], data: bytes) -> None:
+        tally["answered" if status == 200 and b"data: [DONE]" in data else "errors"] += 1
+        if status and time.perf_counter() < start + seconds:
+            conn.send(request)
+        else:
+            conn.transport.close()
+
+    conns = [await connect(url, answered) for _ in range(streams)]
+    for conn in conns:
+        conn.send(request)
+    await asyncio.gather(*(c.closed for c in conns))
     wall, cpu = time.perf_counter() - start, group_cpu_s(pid) - cpu_before
     return {
         "streams": streams,
