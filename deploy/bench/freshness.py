@@ -17,7 +17,6 @@ import threading
 import time
 from collections import deque
 
-
 from deploy.bench import pct
 from deploy.bench.raw_client import RawConnection, connect, post_bytes
 from deploy.stack.config import load_config

@@ -38,6 +38,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -218,8 +219,6 @@ def stop_all(procs: dict[str, subprocess.Popen]) -> None:
 
 
 def canned_main(args: argparse.Namespace) -> None:
-    import tempfile
-
     chat = request_body("chat", conversation(args.prompt_kb), args.tokens)
     bodies = {p: chat for p in PATHS}
     with tempfile.TemporaryDirectory(prefix="fw-bench-gw-") as workdir:
