@@ -50,7 +50,7 @@ class RawConnection(asyncio.Protocol):
             if end < 0:
                 return
             lines = self.buffer[:end].decode("latin-1").split("\r\n")
-            headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+            headers = {name.lower(): value for name, value in (line.split(": ", 1) for line in lines[1:])}
             self.head = int(lines[0].split(" ")[1]), headers, end + 4
         status, headers, start = self.head
         if "content-length" in headers:
