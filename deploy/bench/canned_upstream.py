@@ -15,9 +15,9 @@ import json
 import signal
 
 
-def canned_events(tokens: int, model: str = "tiny") -> bytes:
-    """The SSE body of one streamed answer: a role chunk, ``tokens`` token chunks, a finish chunk
-    with usage, ``[DONE]``."""
+def canned_events(tokens: int, model: str = "tiny") -> list[bytes]:
+    """The SSE events of one streamed answer: a role chunk, ``tokens`` token chunks, a finish
+    chunk with usage, ``[DONE]``."""
     base = {"id": "chatcmpl-canned", "object": "chat.completion.chunk", "created": 1764930000, "model": model}
     chunks = [dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
     for i in range(tokens):
@@ -32,17 +32,18 @@ def canned_events(tokens: int, model: str = "tiny") -> bytes:
         )
     usage = {"prompt_tokens": 9, "completion_tokens": tokens, "total_tokens": 9 + tokens}
     chunks.append(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": "length"}], usage=usage))
-    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
 
 
-def http_answer(body: bytes, chunked_events: bool) -> bytes:
-    """One keep-alive HTTP/1.1 response: the events as chunked transfer (one chunk per event,
-    as a streaming server writes them), or the whole body with its length."""
-    if not chunked_events:
-        return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+def stream_answer(events: list[bytes]) -> bytes:
+    """One keep-alive HTTP/1.1 response of ``events`` in chunked transfer, one chunk per event,
+    as a streaming server writes them."""
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    parts = [b"%x\r\n%s\r\n" % (len(e) + 2, e + b"\n\n") for e in body.split(b"\n\n") if e]
-    return head + b"".join(parts) + b"0\r\n\r\n"
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+
+
+def json_answer(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
 
 
 class Canned(asyncio.Protocol):
@@ -69,11 +70,9 @@ class Canned(asyncio.Protocol):
 
 
 async def serve(port: int, tokens: int) -> None:
-    stream_answer = http_answer(canned_events(tokens), chunked_events=True)
+    answer = stream_answer(canned_events(tokens))
     models = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "canned"}]}).encode()
-    server = await asyncio.get_running_loop().create_server(
-        lambda: Canned(stream_answer, http_answer(models, chunked_events=False)), "127.0.0.1", port
-    )
+    server = await asyncio.get_running_loop().create_server(lambda: Canned(answer, json_answer(models)), "127.0.0.1", port)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
