@@ -7,9 +7,16 @@ here is followed by SIGKILL once the stop's timeout passes, whatever the worker 
   on one host, etcd keys on several. The frontend watches them and routes nothing new to it
   (measured on files: none of 20 requests sent 0.5 s after the removal reached it); the worker's
   keep-alive refreshes an entry (or renews its lease) but never writes one back.
+- Out of the frontend's view: its ``/health`` no longer lists the worker
+  (deploy/stack/frontend_instances.py). The removal reaches the frontend in ~0.04 s when idle, but
+  a grace counted from the removal alone was once too short on a busy CI machine: a request
+  routed after it reached a worker already stopped, and the frontend migrated it. (At most
+  ``FRONTEND_WAIT_S``: when etcd cannot be reached its keys stay, and only the worker's own
+  requests are waited for.)
 - Finished: the worker's own metrics say no generate request is in flight
-  (``dynamo_component_inflight_requests``), after a grace for a request the frontend routed just
-  before the removal, and at most ``timeout_s`` after it left routing.
+  (``dynamo_component_inflight_requests``) on two looks ``IDLE_S`` apart (an answer counted done
+  may still be on its way to the frontend), after a grace for a request the frontend routed just
+  before it stopped listing the worker, and at most ``timeout_s`` after it left routing.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ GENERATE_LOAD = re.compile(
     r'^dynamo_component_inflight_requests\{[^}]*dynamo_endpoint="generate"[^}]*worker_id="([0-9a-f]+)"[^}]*\} (\d+)',
     re.M,
 )
-IN_TRANSIT_GRACE_S = 1.0  # a request routed just before the removal reaches the worker within it
+IN_TRANSIT_GRACE_S = 1.0  # a request routed just before the frontend let go reaches the worker within it
+IDLE_S = 0.5  # nothing in flight for this long: the last answer has left the worker
+FRONTEND_WAIT_S = 10.0  # a frontend still listing it after this (its entries could not be removed) is not waited for
 
 
 def worker_load(admin_url: str) -> tuple[str, int] | None:
@@ -83,6 +92,8 @@ def leave_etcd_routing(etcd_url: str, worker_id: str) -> int:
 class _Drain:
     left_at: float
     worker_id: str | None
+    unrouted_at: float | None = None  # when the frontend was first seen not listing it
+    idle_since: float | None = None  # since when its metrics count nothing in flight
 
 
 class Drains:
@@ -95,8 +106,9 @@ class Drains:
     def __contains__(self, name: str) -> bool:
         return name in self.draining
 
-    def step(self, name: str, admin_url: str, leave: Callable[[str], int]) -> bool:
-        """Move worker ``name`` along its drain (``leave(worker_id)`` takes it out of routing);
+    def step(self, name: str, admin_url: str, leave: Callable[[str], int], routed: Callable[[str], bool | None]) -> bool:
+        """Move worker ``name`` along its drain (``leave(worker_id)`` takes it out of routing,
+        ``routed(worker_id)`` says whether the frontend still routes to it, None if it cannot say);
         True once it may be stopped."""
         now = time.monotonic()
         load = worker_load(admin_url)
@@ -113,7 +125,21 @@ class Drains:
             log.warning("%s: %d requests still in flight after %.0f s; stopping it", name, load[1], self.timeout_s)
             done = True
         else:
-            done = load[1] == 0 and now - drain.left_at >= IN_TRANSIT_GRACE_S
+            # routed() None: the frontend cannot say (it is down, so it routes nothing anywhere)
+            if drain.unrouted_at is None and not routed(drain.worker_id):
+                drain.unrouted_at = now
+            elif drain.unrouted_at is None and now - drain.left_at >= FRONTEND_WAIT_S:
+                log.warning("%s: the frontend still lists it %.0f s after it left routing", name, FRONTEND_WAIT_S)
+                drain.unrouted_at = now
+            if load[1] > 0:
+                drain.idle_since = None
+            elif drain.idle_since is None:
+                drain.idle_since = now
+            let_go = drain.unrouted_at is not None and now - drain.unrouted_at >= IN_TRANSIT_GRACE_S
+            done = let_go and drain.idle_since is not None and now - drain.idle_since >= IDLE_S
+            if done:
+                left_for = drain.unrouted_at - drain.left_at
+                log.info("%s: drained in %.1f s (the frontend let go after %.2f s)", name, now - drain.left_at, left_for)
         if done:
             self.draining.pop(name)
         return done

@@ -256,6 +256,7 @@ def status(cfg: StackConfig) -> list[dict]:
                     "healthy": pid is not None,
                     "restarts": 0,
                     "last_exit": None if pid else pm.exit_reason(name),
+                    "registered_at": None,
                     "log": str(pm.log_file(name)),
                 }
             )
@@ -281,5 +282,6 @@ def _row(pm: ProcessManager, comp: Component, watched: dict) -> dict:
         "healthy": healthy,
         "restarts": seen.get("restarts", 0),
         "last_exit": seen.get("last_exit"),
+        "registered_at": seen.get("registered_at"),  # a worker: since when the frontend routes to it
         "log": str(pm.log_file(comp.name)),
     }

@@ -32,6 +32,7 @@ from deploy.stack.config import StackConfig
 from deploy.stack.graphs import GRAPH_PROCESS, graph_config, graph_indexes, graph_processes
 from deploy.stack.drain import Drains, leave_etcd_routing, leave_routing
 from deploy.stack.dynamo_graph import deployment_components, discovery_dir
+from deploy.stack.frontend_instances import routes_to
 from deploy.stack.processes import Component, ProcessManager, StartError, log_tail
 from deploy.stack.serverless import worker_index
 from serve.engine_admin import LORA_ROUTE, lora_load_body
@@ -156,7 +157,7 @@ class Reconciler:
             leave = partial(leave_etcd_routing, g.hosts.etcd_url)
         else:
             leave = partial(leave_routing, discovery_dir(g))
-        return self.drains.step(name, g.worker_admin_url(int(index)), leave)
+        return self.drains.step(name, g.worker_admin_url(int(index)), leave, partial(routes_to, g.frontend_url))
 
     def _seen(self, g: StackConfig, mine: list[str], ready: int, failed: str | None = None) -> dict:
         """The report on graph ``g``, whose processes were ``mine`` at the start of this look (one

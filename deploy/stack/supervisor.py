@@ -36,6 +36,7 @@ import httpx
 
 from deploy.stack.adapters import reload_adapters
 from deploy.stack.config import StackConfig
+from deploy.stack.frontend_instances import registered_ports
 from deploy.stack.processes import Component, ProcessManager, StartError
 from deploy.stack.reconciler import Reconciler
 from deploy.stack.run_state import load_state, save_state, stack_lock
@@ -55,26 +56,10 @@ class Watch:
     failures_in_a_row: int = 0  # restarts that did not stay up for stable_s
     next_attempt: float = 0.0  # monotonic: not before this
     started: float = 0.0  # monotonic time of the last (re)start
-    registered_once: bool = False  # a worker seen in the frontend's instance list
+    registered_at: str | None = None  # when this run of a worker was first seen in the frontend's instances
     adapters_pending: bool = False  # a restarted worker still has to load the table's LoRAs
     unlisted_since: float | None = None
     settling: bool = False  # restarted at start-up priority, not yet healthy
-
-
-def registered_ports(frontend_url: str) -> set[int] | None:
-    """Request-plane ports of the instances the frontend can route to; None if it cannot say."""
-    try:
-        r = httpx.get(f"{frontend_url}/health", timeout=2)
-        instances = r.json().get("instances") or []
-    except (httpx.HTTPError, ValueError):
-        return None
-    ports = set()
-    for inst in instances:
-        addr = (inst.get("transport") or {}).get("tcp") or ""
-        host_port = addr.split("/", 1)[0]
-        if inst.get("endpoint") == "generate" and ":" in host_port:
-            ports.add(int(host_port.rsplit(":", 1)[1]))
-    return ports
 
 
 class Supervisor:
@@ -109,21 +94,27 @@ class Supervisor:
                     self._settle(comp, w)
                 if comp.name.startswith("worker-"):
                     if listed is None:
-                        listed = registered_ports(self.cfg.frontend_url) or set()
+                        listed = registered_ports(self.cfg.frontend_url)
                     self._check_registration(comp, w, listed, now)
             if self.dedicated is not None:
                 self.dedicated.tick()
 
-    def _check_registration(self, comp: Component, w: Watch, listed: set[int], now: float) -> None:
-        if not listed:  # the frontend is down or lists nobody: nothing to compare against
+    def _check_registration(self, comp: Component, w: Watch, listed: set[int] | None, now: float) -> None:
+        """Restart worker ``comp`` once the frontend has not listed it for ``registration_grace_s``.
+        A frontend that lists nobody counts: a sole worker (or every worker) can lapse too."""
+        if listed is None:  # the frontend cannot say: the time unlisted starts again once it answers
+            w.unlisted_since = None
             return
         pid = self.pm.pid(comp.name)
         if pid is not None and group_listening_ports(pid) & listed:
-            w.registered_once, w.unlisted_since = True, None
+            w.unlisted_since = None
+            if w.registered_at is None:
+                w.registered_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                self._save()
             if w.adapters_pending:
                 self._reload_adapters(comp, w)
             return
-        if not w.registered_once:  # still starting, or a role the frontend never lists
+        if w.registered_at is None:  # still starting, or a role the frontend never lists
             return
         if w.unlisted_since is None:
             w.unlisted_since = now
@@ -172,7 +163,7 @@ class Supervisor:
             log.warning("%s: %s", comp.name, w.last_exit)
         else:
             w.restarts += 1
-            w.started, w.registered_once = time.monotonic(), False
+            w.started, w.registered_at = time.monotonic(), None
             w.adapters_pending = comp.name.startswith("worker-")
             w.settling = True
             w.last_restart = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -180,7 +171,7 @@ class Supervisor:
 
     def _save(self) -> None:
         state = {
-            name: {k: v for k, v in asdict(w).items() if k in ("restarts", "last_exit", "last_restart")}
+            name: {k: v for k, v in asdict(w).items() if k in ("restarts", "last_exit", "last_restart", "registered_at")}
             for name, w in self.watch.items()
         }
         save_state(self.cfg.run_dir, state, self.host)

@@ -19,7 +19,7 @@ from deploy.stack import netns
 from deploy.stack.launcher import components
 from deploy.stack.processes import ProcessManager
 from deploy.stack.sockets import group_listening_ports
-from deploy.stack.supervisor import registered_ports
+from deploy.stack.frontend_instances import registered_ports
 from tests.integration.conftest import hosts_cli, hosts_stack, off_host_listeners, own_hosts, wait_until
 from traces.store import TraceStore
 

@@ -12,10 +12,11 @@ import time
 import httpx
 import pytest
 
+from deploy.stack.dynamo_graph import discovery_dir
 from deploy.stack.launcher import down, status, up
 from deploy.stack.processes import ProcessManager, group_pids
 from deploy.stack.sockets import group_listening_ports
-from deploy.stack.supervisor import registered_ports
+from deploy.stack.frontend_instances import registered_ports
 from tests.integration.conftest import exposed_listeners, sim_stack_on, wait_until
 from traces.store import TraceStore
 
@@ -70,6 +71,10 @@ def worker_registered(cfg, i: int) -> bool:
     pid = ProcessManager(cfg.run_dir).pid(f"worker-{i}")
     listed = registered_ports(cfg.frontend_url) or set()
     return pid is not None and bool(group_listening_ports(pid) & listed)
+
+
+def supervisor_saw_every_worker_routed(cfg) -> bool:
+    return all(r["registered_at"] for r in status(cfg) if r["name"].startswith("worker-"))
 
 
 def test_five_gateway_restarts_lose_nothing_and_store_nothing_twice(healing):
@@ -131,6 +136,20 @@ def test_a_worker_stalled_past_its_discovery_ttl_is_serving_again_within_60_s(he
     assert pm.pid("worker-1") != stalled
     row = next(r for r in status(healing) if r["name"] == "worker-1")
     assert "no longer registered" in row["last_exit"] or "gone" in row["last_exit"]
+
+
+def test_every_worker_out_of_discovery_at_once_is_restarted_and_serves_again(healing):
+    """A frontend that lists nobody is no reason to wait: the sole worker of a stack (here both at
+    once) whose keep-alive lapsed is restarted like one that lapsed beside another."""
+    pm = ProcessManager(healing.run_dir)
+    wait_until(lambda: supervisor_saw_every_worker_routed(healing), 60, "the supervisor seeing both workers routed")
+    before = [pm.pid("worker-0"), pm.pid("worker-1")]
+    for entry in (discovery_dir(healing) / "v1" / "instances").iterdir():  # what the TTL lapse does
+        entry.unlink()
+    wait_until(lambda: registered_ports(healing.frontend_url) == set(), 30, "the frontend listing nobody")
+    wait_until(lambda: worker_registered(healing, 0) and worker_registered(healing, 1), 60, "both registered again")
+    assert None not in before and all(pm.pid(f"worker-{i}") != before[i] for i in (0, 1))
+    wait_until(lambda: gateway_serves(healing), 30, "serving again")
 
 
 def test_up_on_a_half_dead_stack_starts_only_what_is_missing(healing):

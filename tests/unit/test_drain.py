@@ -3,6 +3,7 @@ several), and may stop only once its own metrics say nothing is in flight, or th
 has passed."""
 
 import base64
+import json
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from deploy.stack import drain
 from deploy.stack.drain import Drains, leave_etcd_routing, leave_routing, worker_load
+from deploy.stack.frontend_instances import routes_to
 
 WORKER, OTHER = "fbbd4dfd8208bc3", "9020d75a8eb7a543"
 
@@ -73,27 +75,83 @@ def test_leaving_routing_removes_that_workers_instances_only(discovery):
     assert leave_routing(discovery, WORKER) == 0  # again: nothing left to remove
 
 
+def not_routed(worker_id: str) -> bool:
+    return False
+
+
 def test_a_drain_waits_for_the_generate_requests_in_flight(discovery, worker_metrics, monkeypatch):
     url, in_flight = worker_metrics
     assert worker_load(url) == (WORKER, 2)  # the generate endpoint's count, not the kv query's
     monkeypatch.setattr(drain, "IN_TRANSIT_GRACE_S", 0)
+    monkeypatch.setattr(drain, "IDLE_S", 0)
     drains, leave = Drains(timeout_s=3600), partial(leave_routing, discovery)
-    assert drains.step("worker-1", url, leave) is False
+    assert drains.step("worker-1", url, leave, not_routed) is False
     assert "worker-1" in drains and not list((discovery / "v1" / "instances").glob(f"*{WORKER}"))
     in_flight[0] = 1
-    assert drains.step("worker-1", url, leave) is False
+    assert drains.step("worker-1", url, leave, not_routed) is False
     in_flight[0] = 0
-    assert drains.step("worker-1", url, leave) is True
+    assert drains.step("worker-1", url, leave, not_routed) is True
     assert "worker-1" not in drains
+
+
+@pytest.fixture
+def frontend():
+    """A Dynamo frontend's /health: ``listed`` holds the instance ids (decimal) it lists."""
+    listed = [int(WORKER, 16), int(OTHER, 16)]
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            instances = [{"endpoint": "generate", "instance_id": i, "transport": {"tcp": "127.0.0.1:1/x"}} for i in listed]
+            body = json.dumps({"status": "healthy", "instances": instances}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", listed
+    server.shutdown()
+
+
+def test_a_drain_waits_until_the_frontend_no_longer_lists_the_worker_and_its_last_answer_left(
+    discovery, worker_metrics, frontend, monkeypatch
+):
+    """The removal may reach a busy frontend late: a request it routes meanwhile must find the
+    worker still running, and an answer counted done may still be on its way."""
+    url, in_flight = worker_metrics
+    frontend_url, listed = frontend
+    monkeypatch.setattr(drain, "IN_TRANSIT_GRACE_S", 0.2)
+    in_flight[0] = 0
+    drains, leave, routed = Drains(timeout_s=3600), partial(leave_routing, discovery), partial(routes_to, frontend_url)
+    assert routes_to(frontend_url, WORKER) is True and routes_to("http://127.0.0.1:9", WORKER) is None
+    assert drains.step("worker-1", url, leave, routed) is False  # idle, but still listed
+    time.sleep(drain.IDLE_S)
+    assert drains.step("worker-1", url, leave, routed) is False
+    listed.remove(int(WORKER, 16))
+    assert drains.step("worker-1", url, leave, routed) is False  # let go of, but just now
+    time.sleep(drain.IN_TRANSIT_GRACE_S)
+    assert drains.step("worker-1", url, leave, routed) is True
+    # an answer that ended a moment ago: idle for IDLE_S first
+    in_flight[0] = 1
+    assert drains.step("worker-2", url, leave, routed) is False
+    in_flight[0] = 0
+    time.sleep(drain.IN_TRANSIT_GRACE_S)
+    assert drains.step("worker-2", url, leave, routed) is False
+    time.sleep(drain.IDLE_S)
+    assert drains.step("worker-2", url, leave, routed) is True
 
 
 def test_a_drain_ends_at_its_timeout_or_when_the_worker_stops_answering(discovery, worker_metrics):
     url, _ = worker_metrics
     leave = partial(leave_routing, discovery)
     drains = Drains(timeout_s=0)  # two requests stay in flight: the timeout ends it
-    assert drains.step("worker-1", url, leave) is True
+    assert drains.step("worker-1", url, leave, not_routed) is True
     drains = Drains(timeout_s=3600)
-    assert drains.step("worker-2", "http://127.0.0.1:9", leave) is True  # nothing listens there
+    assert drains.step("worker-2", "http://127.0.0.1:9", leave, not_routed) is True  # nothing listens there
 
 
 @pytest.fixture
