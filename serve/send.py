@@ -21,6 +21,7 @@ from serve.upstream_pool import UpstreamError, UpstreamPool, UpstreamResponse, U
 
 # operation -> the deployment endpoint that serves it (token-in/token-out runs as a completion
 # whose prompt is token ids)
+RETRY_AFTER_S = 5  # a worker that left discovery is back within seconds (sim) to a minute (vLLM on CPU)
 ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions", "generate": "/v1/completions"}
 
 
@@ -77,6 +78,17 @@ async def _send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: flo
     finally:
         upstream.close()
     err = upstream_error(upstream.status, text)
+    if upstream.status == 404:
+        # the gateway asked for the model by the name the deployment serves it under, so "not
+        # found" is the deployment's state, not the request's: no worker of it lists the model
+        # right now (its only worker left discovery and is being restarted; an adapter not yet
+        # loaded again). A 503 the client may retry, or the next deployment, not a 404 that says
+        # the model does not exist.
+        model = attempt.rewrite.upstream_body.get("model")
+        message = f"deployment {dep.name!r} has no worker serving `{model}` right now ({err.message}); retry shortly"
+        unavailable = APIError(503, message, type="server_error", code="model_unavailable")
+        unavailable.headers = {"Retry-After": str(RETRY_AFTER_S)}
+        raise AttemptFailed(unavailable, Outcome.UPSTREAM_ERROR)
     if upstream.status >= 500:
         raise AttemptFailed(err, Outcome.UPSTREAM_ERROR)
     raise AttemptFailed(err, Outcome.REFUSED, retryable=False)  # the deployment is fine; the request was not
