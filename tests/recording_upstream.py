@@ -37,28 +37,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.seen.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
         if self.server.hold_marker and self.server.hold_marker in body:
             self.server.release.wait(30)
+        if self.server.model_gone:
+            return self._json(404, b'{"message":"Model not found","type":"Not Found","code":404}')
         if self.server.dead_pin and "x-dynamo-session-id" in self.headers:
-            error = b'{"message":"Failed to generate completions: no endpoints available to route work"}'
-            self.send_response(500)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(error)))
-            self.end_headers()
-            self.wfile.write(error)
-            return
-        answer = json.dumps({**(CHAT if self.path.endswith("/chat/completions") else TEXT), **self.server.extra}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
+            return self._json(500, b'{"message":"Failed to generate completions: no endpoints available to route work"}')
+        answer = {**(CHAT if self.path.endswith("/chat/completions") else TEXT), **self.server.extra}
+        self._json(200, json.dumps(answer).encode())
 
     def do_GET(self):  # noqa: N802 - http.server's name; a deployment lists its models
-        answer = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}).encode()
-        self.send_response(200)
+        self._json(200, json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}).encode())
+
+    def _json(self, status: int, body: bytes) -> None:
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(answer)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(answer)
+        self.wfile.write(body)
 
     def log_message(self, *args):
         pass
@@ -68,7 +62,8 @@ class RecordingUpstream:
     """Started on a free loopback port; ``seen`` lists what it received, in order; keys put in
     ``extra`` are added to every answer; ``hold(marker)`` keeps requests containing ``marker``
     unanswered until ``release`` is set; ``dead_pin``: a session's request is answered 500, as
-    Dynamo answers one pinned to a dead worker that is still registered."""
+    Dynamo answers one pinned to a dead worker that is still registered; ``model_gone``: every
+    completion is answered 404, as Dynamo's frontend answers once no worker lists the model."""
 
     def __init__(self):
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -77,11 +72,15 @@ class RecordingUpstream:
         self._server.hold_marker = None  # bytes: a request containing them waits for ``release``
         self._server.release = self.release = threading.Event()
         self._server.dead_pin = False
+        self._server.model_gone = False
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     def pin_to_a_dead_worker(self) -> None:
         self._server.dead_pin = True
+
+    def lose_the_model(self) -> None:
+        self._server.model_gone = True
 
     def hold(self, marker: bytes) -> None:
         self._server.hold_marker = marker

@@ -9,8 +9,10 @@ import socket
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 from urllib.parse import quote
 
 import httpx
@@ -39,32 +41,45 @@ def discovery(tmp_path):
     return tmp_path
 
 
+@contextmanager
+def serving_get(body: Callable[[], bytes]):
+    """A loopback server answering every GET with ``body()``; yields its URL."""
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            text = body()
+            self.send_response(200)
+            self.send_header("content-length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+
+
 @pytest.fixture
 def worker_metrics():
     """A worker's system server: ``in_flight[0]`` generate requests in flight."""
     in_flight = [2]
 
-    class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = (
-                "# TYPE dynamo_component_inflight_requests gauge\n"
-                'dynamo_component_inflight_requests{dynamo_component="backend",dynamo_endpoint="worker_kv_query_source_x",'
-                f'dynamo_namespace="dynamo",worker_id="{WORKER}"}} 7\n'
-                'dynamo_component_inflight_requests{dynamo_component="backend",dynamo_endpoint="generate",'
-                f'dynamo_namespace="dynamo",worker_id="{WORKER}"}} {in_flight[0]}\n'
-            ).encode()
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def metrics() -> bytes:
+        return (
+            "# TYPE dynamo_component_inflight_requests gauge\n"
+            'dynamo_component_inflight_requests{dynamo_component="backend",dynamo_endpoint="worker_kv_query_source_x",'
+            f'dynamo_namespace="dynamo",worker_id="{WORKER}"}} 7\n'
+            'dynamo_component_inflight_requests{dynamo_component="backend",dynamo_endpoint="generate",'
+            f'dynamo_namespace="dynamo",worker_id="{WORKER}"}} {in_flight[0]}\n'
+        ).encode()
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", in_flight
-    server.shutdown()
+    with serving_get(metrics) as url:
+        yield url, in_flight
 
 
 def test_leaving_routing_removes_that_workers_instances_only(discovery):
@@ -99,22 +114,12 @@ def frontend():
     """A Dynamo frontend's /health: ``listed`` holds the instance ids (decimal) it lists."""
     listed = [int(WORKER, 16), int(OTHER, 16)]
 
-    class Health(BaseHTTPRequestHandler):
-        def do_GET(self):
-            instances = [{"endpoint": "generate", "instance_id": i, "transport": {"tcp": "127.0.0.1:1/x"}} for i in listed]
-            body = json.dumps({"status": "healthy", "instances": instances}).encode()
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def health() -> bytes:
+        instances = [{"endpoint": "generate", "instance_id": i, "transport": {"tcp": "127.0.0.1:1/x"}} for i in listed]
+        return json.dumps({"status": "healthy", "instances": instances}).encode()
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", listed
-    server.shutdown()
+    with serving_get(health) as url:
+        yield url, listed
 
 
 def test_a_drain_waits_until_the_frontend_no_longer_lists_the_worker_and_its_last_answer_left(

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serve.app import create_app
 from serve.config import BreakerConfig, Deployment, GatewayConfig, ModelRoute
+from tests.recording_upstream import RecordingUpstream
 from traces.store import TraceStore
 
 GOOD = {
@@ -75,58 +76,19 @@ def test_a_malformed_stream_event_is_the_deployments_failure_everywhere(upstream
     assert len(rows) == 1 and "malformed" in rows[0]["error"] and rows[0]["response_content"] == "hel"
 
 
-class _ModelGone(BaseHTTPRequestHandler):
-    """A Dynamo frontend whose only worker left discovery: every model is "not found"."""
-
-    def do_POST(self):  # noqa: N802 - http.server's name
-        self.rfile.read(int(self.headers["content-length"]))
-        body = b'{"message":"Model not found","type":"Not Found","code":404}'
-        self.send_response(404)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-class _Serves(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 - http.server's name
-        self.rfile.read(int(self.headers["content-length"]))
-        message = {"role": "assistant", "content": "hello"}
-        reply = {"id": "c2", "object": "chat.completion", "model": "tiny", "created": 0}
-        reply |= {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
-        reply |= {"usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
-        body = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
-def serve_with():
-    servers = []
-
-    def start(handler) -> str:
-        servers.append(ThreadingHTTPServer(("127.0.0.1", 0), handler))
-        threading.Thread(target=servers[-1].serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{servers[-1].server_address[1]}"
-
-    yield start
-    for server in servers:
-        server.shutdown()
+def gone_and_serving():
+    gone, serving = RecordingUpstream(), RecordingUpstream()
+    gone.lose_the_model()
+    yield gone.url, serving.url
+    gone.stop()
+    serving.stop()
 
 
-def test_a_deployment_answering_model_not_found_is_unavailable_for_now_not_a_404(serve_with, tmp_path):
+def test_a_deployment_answering_model_not_found_is_unavailable_for_now_not_a_404(gone_and_serving, tmp_path):
     """The gateway asked for the model by its served name: the deployment has no worker for it
     right now. The next deployment serves the request; with none, a retryable 503."""
-    gone, serves = serve_with(_ModelGone), serve_with(_Serves)
+    gone, serves = gone_and_serving
     cfg = GatewayConfig(
         deployments=[Deployment(name="gone", url=gone), Deployment(name="serves", url=serves)],
         models={
@@ -139,7 +101,7 @@ def test_a_deployment_answering_model_not_found_is_unavailable_for_now_not_a_404
     with TestClient(create_app(cfg)) as client:
         r = client.post("/v1/chat/completions", json={"model": "tiny", **ask})
         assert r.status_code == 200 and r.headers["x-deployment"] == "serves", r.text
-        assert r.json()["choices"][0]["message"]["content"] == "hello"
+        assert r.json()["choices"][0]["message"]["content"] == "ok"
         r = client.post("/v1/chat/completions", json={"model": "alone", **ask})
         assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
         err = r.json()["error"]
