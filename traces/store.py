@@ -153,10 +153,7 @@ class TraceStore:
             # name, table function or catalog trick can reach another team's rows.
             self.con.register("_traces_raw", _team_dataset(self.root, current + legacy, TRACE_SCHEMA, self.team, hive=True))
         else:
-            sources = []
-            if current:
-                files = "[" + ", ".join(_sql_str(str(f)) for f in current) + "]"
-                sources.append(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true)")
+            sources = [_parquet_source(group, hive=True) for group in _by_schema(current)]
             if legacy:
                 sources.append(
                     f"SELECT * FROM read_parquet({_sql_str(str(self.root / LAYOUTS[1]))}, "
@@ -193,8 +190,7 @@ class TraceStore:
             self.con.register("_feedback_raw", _team_dataset(self.root, fb_files, FEEDBACK_SCHEMA, self.team, hive=False))
             fb = "SELECT * FROM _feedback_raw"
         elif fb_files:
-            files = "[" + ", ".join(_sql_str(str(f)) for f in fb_files) + "]"
-            fb = f"SELECT * FROM read_parquet({files}, union_by_name = true)"
+            fb = " UNION ALL BY NAME ".join(_parquet_source(group) for group in _by_schema(fb_files))
         else:
             self.con.register("_empty_feedback", pa.Table.from_pylist([], schema=FEEDBACK_SCHEMA))
             fb = "SELECT * FROM _empty_feedback"
@@ -299,15 +295,55 @@ class TraceStore:
 
 _PARTITIONS = pa.schema([("date", pa.date32()), ("model", pa.string())])
 
+# Each file's schema, kept for the life of the process (a query worker's: serve/query_pool.py),
+# keyed by path, size and mtime (a file is never rewritten in place; compaction writes new ones).
+# Files of one schema share one entry of _SCHEMAS, so an entry is a few dozen bytes.
+_FILE_SCHEMAS: dict[tuple[str, int, int], pa.Schema] = {}
+_SCHEMAS: dict[pa.Schema, pa.Schema] = {}
+_MAX_FILES_KNOWN = 500_000
+
+
+def file_schema(path: Path) -> pa.Schema:
+    """The Arrow schema of Parquet file ``path``, its footer read once per process."""
+    import pyarrow.parquet as pq
+
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    known = _FILE_SCHEMAS.get(key)
+    if known is None:
+        if len(_FILE_SCHEMAS) >= _MAX_FILES_KNOWN:
+            _FILE_SCHEMAS.clear()
+        schema = pq.read_schema(path).remove_metadata()
+        known = _FILE_SCHEMAS[key] = _SCHEMAS.setdefault(schema, schema)
+    return known
+
+
+def _by_schema(files: list[Path]) -> list[list[Path]]:
+    """``files`` grouped by schema (columns, their types and order), in the order first seen."""
+    groups: dict[pa.Schema, list[Path]] = {}
+    for f in files:
+        groups.setdefault(file_schema(f), []).append(f)
+    return list(groups.values())
+
+
+def _parquet_source(files: list[Path], hive: bool | None = None) -> str:
+    """A SELECT over files of one schema. Binding ``read_parquet`` with ``union_by_name`` reads
+    every file's footer, at every query of a view built on it: 18-37 ms for 231 files, and ~250 ms
+    to open a snapshot's six views (measured at 10M traces). Files of one schema need none of it;
+    the groups are joined ``UNION ALL BY NAME``, which fills a column a group lacks with NULL.
+    ``hive`` None leaves the partition columns to DuckDB's guess from the paths, as before."""
+    listed = "[" + ", ".join(_sql_str(str(f)) for f in files) + "]"
+    partitioning = "" if hive is None else f", hive_partitioning = {str(hive).lower()}"  # None: DuckDB's own guess
+    return f"SELECT * FROM read_parquet({listed}{partitioning})"
+
 
 def _team_dataset(root: Path, files: list[Path], schema: pa.Schema, team: str, hive: bool):
     """These files' rows of one team, as a lazily scanned Arrow dataset (DuckDB pushes its
     projections and filters into the scan). Columns absent from older files read as nulls."""
     import pyarrow.dataset as ds
-    import pyarrow.parquet as pq
 
-    schemas = [pq.read_schema(f) for f in files] + [schema] + ([_PARTITIONS] if hive else [])
-    unified = pa.unify_schemas(schemas, promote_options="permissive")
+    distinct = {id(file_schema(f)): file_schema(f) for f in files}.values()
+    unified = pa.unify_schemas([*distinct, schema] + ([_PARTITIONS] if hive else []), promote_options="permissive")
     dataset = ds.dataset(
         [str(f) for f in files],
         schema=unified,

@@ -107,6 +107,31 @@ def test_a_misspelled_field_is_refused_not_dropped(tmp_path):
     writer.close()
 
 
+def test_files_of_older_versions_in_one_partition_read_with_what_they_lack_as_null(tmp_path):
+    """The views read files grouped by schema (no union_by_name over them all): an older file
+    beside current ones, its columns in another order and one missing, reads whole, for the admin
+    and for a team, in every view built on ``traces``."""
+    writer = TraceWriter(tmp_path, "gw")
+    writer.submit(record(1, team="a", gen_ai_usage_cache_read_input_tokens=5))
+    writer.close()
+    (current,) = tmp_path.glob("date=*/model=*/*.parquet")
+    older = pq.read_table(current).drop_columns(["gen_ai_usage_cache_read_input_tokens"])
+    older = older.select(sorted(older.column_names))  # another column order too
+    older = older.set_column(older.column_names.index("trace_id"), "trace_id", pa.array(["tr-2"]))
+    pq.write_table(older, current.parent / "older-gw.parquet")
+    for team in (None, "a"):
+        store = TraceStore(tmp_path, team=team)
+        rows = store.sql(
+            "SELECT trace_id, team, gen_ai_usage_cache_read_input_tokens AS cached, model FROM traces ORDER BY trace_id"
+        ).to_pylist()
+        assert rows == [
+            {"trace_id": "tr-1", "team": "a", "cached": 5, "model": "tiny"},
+            {"trace_id": "tr-2", "team": "a", "cached": None, "model": "tiny"},
+        ], team
+        assert store.sql("SELECT sum(requests) AS n FROM usage_by_team").to_pylist() == [{"n": 2}]
+        assert store.sql("SELECT count(*) AS n FROM traces_full").to_pylist() == [{"n": 2}]
+
+
 def test_schema_v1_files_stay_readable_next_to_current_ones(tmp_path):
     # The first cut wrote date=*/part-*.parquet with the whole prompt in prompt_token_ids.
     v1_fields = [f for f in TRACE_SCHEMA if not f.name.startswith("prompt_")]
