@@ -24,6 +24,10 @@ LIST_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_vers
     left(coalesce(response_content, response_tool_calls, ''), 160) AS preview"""
 
 
+SESSION_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_version, ttft_ms, error,
+    coalesce(prompt_prefix_len, 0) AS reused_tokens, len(prompt_new_token_ids) AS new_tokens,
+    gen_ai_usage_output_tokens AS output_tokens, gen_ai_usage_cache_read_input_tokens AS cached"""
+
 MAX_LISTED = 100_000  # the newest matches a page may reach: each page reads the ids of those before it
 
 
@@ -238,13 +242,23 @@ class Reader:
         )
 
     def session(self, session_id: str) -> list[dict]:
-        return self.rows(
-            "SELECT trace_id, time_received, gen_ai_request_model, checkpoint_version, ttft_ms, error, "
-            "coalesce(prompt_prefix_len, 0) AS reused_tokens, len(prompt_new_token_ids) AS new_tokens, "
-            "gen_ai_usage_output_tokens AS output_tokens, gen_ai_usage_cache_read_input_tokens AS cached "
-            "FROM traces WHERE gen_ai_conversation_id = $1 ORDER BY time_received, trace_id",
-            [session_id],
-        )
+        """The session's turns. For a team, in two steps as a list page: which traces and days
+        (one column read), then their columns from those days only. A team's rows come through an
+        Arrow scan, which reads every projected column of each row group it cannot skip before it
+        filters, the token ids included (3.3 s in one step at 10M traces, 1.3 s in two); DuckDB's
+        own reader, the admin's, reads the other columns only for the rows that matched (206 ms in
+        one step, 262 ms in two)."""
+        where, params = "gen_ai_conversation_id = $1", [session_id]
+        if self.team is not None:
+            found = self.rows(f"SELECT trace_id, date FROM traces WHERE {where}", params)
+            if not found:
+                return []
+            days = sorted({t["date"] for t in found if t["date"] is not None})
+            where += " AND trace_id IN (SELECT unnest($2))"
+            if days:
+                where += " AND date IN (" + ", ".join(f"${i + 3}" for i in range(len(days))) + ")"
+            params += [[t["trace_id"] for t in found], *days]
+        return self.rows(f"SELECT {SESSION_COLUMNS} FROM traces WHERE {where} ORDER BY time_received, trace_id", params)
 
     def by_checkpoint(self) -> dict[str, dict]:
         served = self.rows(

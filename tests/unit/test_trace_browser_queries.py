@@ -124,6 +124,11 @@ def test_a_record_and_a_session(store):
         "tr-18",
         "tr-19",
     ]
+    # the admin's one step and a team's two (ids and days first) give the same rows and columns
+    everyone = Reader(store, None, 30).session("s1")
+    assert [t["trace_id"] for t in everyone] == [f"tr-{i}" for i in range(10, 20)]
+    assert [t for t in everyone if t["trace_id"] not in ("tr-12", "tr-16")] == reader.session("s1")
+    assert reader.session("s-none") == [] and Reader(store, "blue", 30).session("s1")[0]["trace_id"] == "tr-12"
 
 
 def test_unreadable_filters_say_which(store):
