@@ -19,9 +19,9 @@ from serve.outcome import Outcome
 from serve.upstream import upstream_error
 from serve.upstream_pool import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
 
+RETRY_AFTER_S = 5  # a worker that left discovery is back within seconds (sim) to a minute (vLLM on CPU)
 # operation -> the deployment endpoint that serves it (token-in/token-out runs as a completion
 # whose prompt is token ids)
-RETRY_AFTER_S = 5  # a worker that left discovery is back within seconds (sim) to a minute (vLLM on CPU)
 ENDPOINTS = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions", "generate": "/v1/completions"}
 
 
