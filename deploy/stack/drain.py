@@ -8,9 +8,10 @@ here is followed by SIGKILL once the stop's timeout passes, whatever the worker 
   (measured on files: none of 20 requests sent 0.5 s after the removal reached it); the worker's
   keep-alive refreshes an entry (or renews its lease) but never writes one back.
 - Out of the frontend's view: its ``/health`` no longer lists the worker
-  (deploy/stack/frontend_instances.py). The removal reaches the frontend in ~0.04 s when idle, but
-  a grace counted from the removal alone was once too short on a busy CI machine: a request
-  routed after it reached a worker already stopped, and the frontend migrated it. (At most
+  (deploy/stack/frontend_instances.py). The removal reaches the frontend in ~0.04 s when idle;
+  with a grace counted from the removal alone, one busy CI run saw the frontend migrate a request
+  of a scale-down under load (a worker stopped while still routed to, or before its last answer
+  had left: both are waited for now). (At most
   ``FRONTEND_WAIT_S``: when etcd cannot be reached its keys stay, and only the worker's own
   requests are waited for.)
 - Finished: the worker's own metrics say no generate request is in flight
