@@ -342,7 +342,7 @@ def _team_dataset(root: Path, files: list[Path], schema: pa.Schema, team: str, h
     projections and filters into the scan). Columns absent from older files read as nulls."""
     import pyarrow.dataset as ds
 
-    distinct = {id(file_schema(f)): file_schema(f) for f in files}.values()
+    distinct = dict.fromkeys(map(file_schema, files))  # each schema once, in the order first seen
     unified = pa.unify_schemas([*distinct, schema] + ([_PARTITIONS] if hive else []), promote_options="permissive")
     dataset = ds.dataset(
         [str(f) for f in files],
