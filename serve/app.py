@@ -157,8 +157,10 @@ async def _follow_routes(gw: GatewayParts, poll_s: float, beat_s: float = 1.0) -
     while True:
         await asyncio.sleep(poll_s)
         try:
-            await asyncio.to_thread(gw.routes.refresh)
+            # the replica that changes a deployment writes its routes before its row: read in the
+            # other order, a row seen RUNNING has its route here by the end of this look
             await asyncio.to_thread(gw.deployments.refresh)
+            await asyncio.to_thread(gw.routes.refresh)
             if time.monotonic() - last_beat >= beat_s:
                 await asyncio.to_thread(gw.state.beat)
                 await asyncio.to_thread(gw.admission.look)

@@ -395,9 +395,11 @@ class Deployments:
             dep.status, dep.reason = "STOPPED", "insufficient_quota"
 
     def _save(self, dep: DedicatedDeployment) -> None:
+        """Routes first, then the row: a request sent once the row says RUNNING finds its alias
+        (writing the row takes an fsync and a Redis round trip, and readers see it meanwhile)."""
         dep.note_replicas(time.time())
+        self._apply({**self.table, dep.id: dep})
         self.table[dep.id] = dep
-        self._apply()
 
     def _fit(self, slots: int) -> None:
         pool = self.pool()
@@ -455,10 +457,11 @@ class Deployments:
         if self.table.refresh():
             self._apply(routes=False)
 
-    def _apply(self, routes: bool = True) -> None:
-        """This replica's deployments list and capacity from the table; with ``routes``, the
-        alias table too (only the replica that made a change writes it)."""
-        dedicated = [d for d in self.table.values() if d.url and d.status in HOLDS_SLOTS]
+    def _apply(self, rows: dict[str, DedicatedDeployment] | None = None, routes: bool = True) -> None:
+        """This replica's deployments list and capacity from ``rows`` (the table's); with
+        ``routes``, the alias table too (only the replica that made a change writes it)."""
+        rows = self.table if rows is None else rows
+        dedicated = [d for d in rows.values() if d.url and d.status in HOLDS_SLOTS]
         self.config.deployments = self.static + [
             Deployment(name=d.id, url=d.url, admin_urls=d.admin_urls, max_model_len=d.max_model_len, model_path=d.model_path)
             for d in dedicated
@@ -468,7 +471,7 @@ class Deployments:
         if not routes:
             return
         want = {d.served_model: d for d in dedicated if d.status in ROUTABLE and d.team is not None}
-        shared = {d.id for d in self.table.values() if d.team is None}
+        shared = {d.id for d in rows.values() if d.team is None}
         for alias, route in list(self.routes.items()):  # an alias moved to a shared deployment stays
             if route.deployment.startswith(ID_PREFIX) and alias not in want and route.deployment not in shared:
                 del self.routes[alias]

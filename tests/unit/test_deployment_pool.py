@@ -1,12 +1,12 @@
 """The capacity pool is exact across gateway replicas: creates racing through two replicas on one
-Redis never hold more slots than the pool has."""
+Redis never hold more slots than the pool has. And what a replica shows of a deployment, it routes."""
 
 import threading
 
 from serve.admission import Admission
 from serve.auth import Caller
 from serve.config import CapacityPool, Deployment, GatewayConfig, ModelRoute
-from serve.deployments import CreateRequest, Deployments
+from serve.deployments import CreateRequest, Deployments, Observed
 from serve.errors import APIError
 from serve.routes import RouteTable
 from serve.shared_state import SharedState
@@ -46,3 +46,25 @@ def test_creates_racing_through_two_replicas_take_only_the_free_slots(redis_serv
     assert sorted(answers) == ["created"] * 2 + ["insufficient_capacity"] * 6, answers
     b.refresh()
     assert len(b.table) == 2 and b.pool() == {"slots": 3, "held": 3, "free": 0}
+
+
+def test_a_deployment_shows_running_only_once_its_alias_routes_and_stops_routing_before_it_shows_deleting(
+    redis_server, tiny_model_dir, tmp_path, monkeypatch
+):
+    """Writing a row takes an fsync and a Redis round trip while requests read it: a client that sees
+    RUNNING and sends at once must find the alias (CI once got model_not_found just so)."""
+    gw = replica(redis_server.url, tiny_model_dir, tmp_path / "a.json")
+    red = Caller(team="red", key_id="k", scopes=frozenset({"deployments"}))
+    dep = gw.create(red, CreateRequest(model="tiny", name="n"))
+    seen, write = [], gw.table._write_file
+
+    def look_then_write() -> None:  # what a request reads while the row is being written
+        row = gw.table.get(dep.id)
+        seen.append(row and (row.status, row.served_model in gw.routes))
+        write()
+
+    monkeypatch.setattr(gw.table, "_write_file", look_then_write)
+    gw.observe(dep.id, Observed(ready=1, url="http://127.0.0.1:9"))
+    gw.delete(red, dep.id)
+    gw.observe(dep.id, Observed(ready=0, gone=True))
+    assert seen == [("RUNNING", True), ("DELETING", False), None], seen
