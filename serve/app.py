@@ -74,6 +74,7 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
         config.trace_flush_age_s,
         on_converted=otlp.enqueue if otlp else None,
         mover=config.trace_mover,
+        compact_fanout=config.trace_compact_fanout,
     )
     keys = KeyStore(config.keys_file) if config.keys_file else None
     state = SharedState(config.redis_url, replica=config.instance_name)

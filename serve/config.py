@@ -330,6 +330,12 @@ class GatewayConfig(StrictModel):
     trace_mover: Literal["process", "thread"] = Field(
         "process", description="convert the spool to Parquet in a child process (off the request core) or a thread"
     )
+    trace_compact_fanout: int | None = Field(
+        8,
+        ge=2,
+        description="merge a partition's files as they are written, each level's this many into one of the "
+        "next (traces/compactor.py); None: only `flywheel traces compact` merges them",
+    )
     trace_spool_limit_mb: int = Field(
         2048, ge=1, description="spool not yet in Parquet past this: new requests get 503 trace_store_behind"
     )

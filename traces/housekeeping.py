@@ -53,11 +53,17 @@ def visible_files(part: Path) -> list[Path]:
 
 
 @contextmanager
-def _exclusive(root: Path):
+def housekeeping_lock(root: Path, wait: bool = True):
+    """The store's housekeeping lock (one compaction or retention at a time, across processes);
+    yields whether it is held: without ``wait``, False while another holds it."""
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "_housekeeping.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
 
 
 def recover(root: Path) -> int:
@@ -76,7 +82,7 @@ def recover(root: Path) -> int:
     return fixed
 
 
-def _converting(root: Path) -> set[str]:
+def being_converted(root: Path) -> set[str]:
     """The names of the trace files whose spool segment is still there: their conversion is
     unfinished and will write them again, so they must not be merged away beside it."""
     return {converted_name(spool.name, seg) for spool in (root / "_spool").glob("*") for seg in spool.glob(SEGMENT_GLOB)}
@@ -88,16 +94,16 @@ def compact(root: str | Path, min_files: int = 2, max_file_bytes: int = 256 << 2
     waits for a later compaction."""
     root = Path(root)
     report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
-    with _exclusive(root):
+    with housekeeping_lock(root):
         recover(root)
         con = duckdb.connect()
-        converting = _converting(root)
+        converting = being_converted(root)
         for part in partitions(root):
             inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes and f.name not in converting]
-            _compact_part(con, part, inputs, min_files, report, TRACE_ROWS)
+            merge_part(con, part, inputs, min_files, report, TRACE_ROWS)
         for part in feedback_partitions(root):
             inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes]
-            _compact_part(con, part, inputs, min_files, report, FEEDBACK_ROWS)
+            merge_part(con, part, inputs, min_files, report, FEEDBACK_ROWS)
     return report
 
 
@@ -105,12 +111,12 @@ def compact_feedback(root: str | Path, parts: list[Path] | None = None, max_file
     """Merge each feedback day's files (or only ``parts``') into one."""
     root = Path(root)
     report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
-    with _exclusive(root):
+    with housekeeping_lock(root):
         recover(root)
         con = duckdb.connect()
         for part in parts if parts is not None else feedback_partitions(root):
             inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes]
-            _compact_part(con, part, inputs, 2, report, FEEDBACK_ROWS)
+            merge_part(con, part, inputs, 2, report, FEEDBACK_ROWS)
     return report
 
 
@@ -123,7 +129,9 @@ TRACE_ROWS = ("trace_id", "time_done", "flywheel.schema_version")
 FEEDBACK_ROWS = ("feedback_id", "time_created", "flywheel.feedback_schema_version")
 
 
-def _compact_part(con, part: Path, inputs: list[Path], min_files: int, report: dict, rows_of: tuple) -> None:
+def merge_part(
+    con, part: Path, inputs: list[Path], min_files: int, report: dict, rows_of: tuple, prefix: str = "compact-"
+) -> None:
     """Journal, write the merged file (one row per key, its newest copy), rename it in,
     remove the inputs, remove the journal: a crash anywhere is finished or undone by
     ``recover``, and ``visible_files`` never shows a row twice meanwhile."""
@@ -131,7 +139,7 @@ def _compact_part(con, part: Path, inputs: list[Path], min_files: int, report: d
     if len(inputs) < min_files:
         return
     names = [f.name for f in inputs]
-    output = "compact-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:16] + ".parquet"
+    output = prefix + hashlib.sha256("\n".join(names).encode()).hexdigest()[:16] + ".parquet"
     journal = part / JOURNAL
     journal.write_text(json.dumps({"inputs": names, "output": output}))
     fsync_path(journal)
@@ -164,7 +172,7 @@ def retain(root: str | Path, days: int, today: date | None = None) -> list[str]:
     root = Path(root)
     cutoff = (today or datetime.now(timezone.utc).date()) - timedelta(days=days)
     removed = []
-    with _exclusive(root):
+    with housekeeping_lock(root):
         for d in sorted(root.glob("date=*")):
             try:
                 day = date.fromisoformat(d.name.split("=", 1)[1])
@@ -219,6 +227,9 @@ def doctor(root: str | Path) -> dict:
             version = "unlabelled"
         report["schema_versions"][version] = report["schema_versions"].get(version, 0) + 1
     report["partitions"] = len({f.parent for f in root.glob("date=*/**/*.parquet")})
-    report["interrupted_compactions"] = [str(j.relative_to(root)) for j in root.glob(f"date=*/**/{JOURNAL}")]
-    report["stray_temp_files"] = [str(t.relative_to(root)) for t in root.glob("date=*/**/.*.tmp")]
+    with housekeeping_lock(root, wait=False) as idle:  # a compaction under way has its journal and temp file
+        report["compacting"] = not idle
+        if idle:
+            report["interrupted_compactions"] = [str(j.relative_to(root)) for j in root.glob(f"date=*/**/{JOURNAL}")]
+            report["stray_temp_files"] = [str(t.relative_to(root)) for t in root.glob("date=*/**/.*.tmp")]
     return report

@@ -143,13 +143,17 @@ class MoverProcess:
     def pid(self) -> int | None:
         return self._child.pid if self._child is not None and self._child.poll() is None else None
 
-    def convert(self, root: Path, instance: str, segment: Path, want_ids: bool) -> tuple[int, list[Output]]:
+    def convert(
+        self, root: Path, instance: str, segment: Path, want_ids: bool, compact_fanout: int | None = None
+    ) -> tuple[int, list[Output]]:
+        """Convert ``segment``; with ``compact_fanout``, the child then compacts the partitions it
+        wrote to on a thread of its own (``traces/compactor.py``)."""
         if self._child is None or self._child.poll() is not None:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "traces.mover"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
             )
         try:
-            _send(self._child.stdin, [str(root), instance, str(segment), want_ids])
+            _send(self._child.stdin, [str(root), instance, str(segment), want_ids, compact_fanout])
             reply = _receive(self._child.stdout)
         except (BrokenPipeError, OSError) as exc:
             reply = None
@@ -181,18 +185,29 @@ class MoverProcess:
 
 def serve(requests, replies) -> None:
     """The child's loop: convert each segment asked for until the writer closes the pipe."""
-    while (request := _receive(requests)) is not None:
-        root, instance, segment, want_ids = request
-        # A segment decodes into ~10^4 lists of ~50 values: the collector would walk them again
-        # and again while they are built, and they hold no cycles. It runs once per segment.
-        gc.disable()
-        try:
-            rows, files = convert_segment(Path(root), instance, Path(segment), want_ids)
-            _send(replies, {"rows": rows, "files": files})
-        except Exception as exc:  # the writer keeps the segment and says why
-            _send(replies, {"error": f"could not convert {Path(segment).name}: {type(exc).__name__}: {exc}"})
-        finally:
-            gc.enable()
+    compactor = None
+    try:
+        while (request := _receive(requests)) is not None:
+            root, instance, segment, want_ids, compact_fanout = request
+            # A segment decodes into ~10^4 lists of ~50 values: the collector would walk them again
+            # and again while they are built, and they hold no cycles. It runs once per segment.
+            gc.disable()
+            try:
+                rows, files = convert_segment(Path(root), instance, Path(segment), want_ids)
+                _send(replies, {"rows": rows, "files": files})
+            except Exception as exc:  # the writer keeps the segment and says why
+                _send(replies, {"error": f"could not convert {Path(segment).name}: {type(exc).__name__}: {exc}"})
+                continue
+            finally:
+                gc.enable()
+            if compact_fanout and files:
+                from traces.compactor import Compactor  # housekeeping imports this module
+
+                compactor = compactor or Compactor(root, compact_fanout)
+                compactor.wrote(part for part, _, _ in files)
+    finally:
+        if compactor is not None:
+            compactor.close()
 
 
 if __name__ == "__main__":

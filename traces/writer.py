@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Literal
 
+from traces.compactor import Compactor
 from traces.files import private_dirs
 from traces.mover import MoverProcess, convert_segment, partition_of
 from traces.prefix import PrefixEncoder
@@ -46,14 +47,17 @@ class TraceWriter:
         prefix_refs: bool = True,
         on_converted: Callable[[Path, str, list[str]], None] | None = None,
         mover: Literal["thread", "process"] = "thread",
+        compact_fanout: int | None = None,
     ):
         """``on_converted(partition, file name, trace ids)`` hears of each Parquet file written,
         before its spool segment is dropped (``traces/otlp.py`` keeps it in its outbox).
         ``mover="process"`` converts in a child process (``traces/mover.py``), off the core that
-        takes the records: what a gateway does."""
+        takes the records: what a gateway does. ``compact_fanout``: merge the partitions written
+        to in levels of that many files, beside the conversion (``traces/compactor.py``)."""
         self.root, self.instance = Path(root), instance
         self.on_converted = on_converted
         self.mover_process = MoverProcess() if mover == "process" else None
+        self.compact_fanout = compact_fanout
         self.max_age_s = max_age_s
         private_dirs(self.root)
         # prefix_refs=False stores every prompt whole (only benchmarks compare the two)
@@ -62,12 +66,11 @@ class TraceWriter:
         self._move_lock = threading.Lock()
         self._backlog, self._backlog_at = 0, float("-inf")
         self._stop = threading.Event()
+        self.compactor = Compactor(self.root, compact_fanout) if compact_fanout and mover == "thread" else None
         try:
             self.replayed = self._replay()
         except BaseException:
-            self.spool.close()
-            if self.mover_process is not None:
-                self.mover_process.close()
+            self._close_converters()
             raise
         self._thread = threading.Thread(target=self._run, name="trace-mover", daemon=True)
         self._thread.start()
@@ -130,9 +133,14 @@ class TraceWriter:
         self._stop.set()
         self._thread.join(timeout=30)
         self.flush()
+        self._close_converters()
+
+    def _close_converters(self) -> None:
         self.spool.close()
         if self.mover_process is not None:
             self.mover_process.close()
+        if self.compactor is not None:
+            self.compactor.close()
 
     def _run(self) -> None:
         next_move, seen = time.monotonic() + self.max_age_s, self.spool.segments_filled
@@ -163,7 +171,7 @@ class TraceWriter:
     def _convert(self, segment: Path) -> int:
         want_ids = self.on_converted is not None
         if self.mover_process is not None:
-            rows, outputs = self.mover_process.convert(self.root, self.instance, segment, want_ids)
+            rows, outputs = self.mover_process.convert(self.root, self.instance, segment, want_ids, self.compact_fanout)
         else:
             rows, outputs = convert_segment(self.root, self.instance, segment, want_ids)
         if self.on_converted is not None:
@@ -171,6 +179,8 @@ class TraceWriter:
                 self.on_converted(Path(part), name, ids)
         segment.unlink()
         fsync_path(segment.parent)
+        if self.compactor is not None and outputs:
+            self.compactor.wrote(part for part, _, _ in outputs)
         return rows
 
 

@@ -265,20 +265,41 @@ def agent_sustained(seconds: float, sessions: int = 16, prompt: int = 140_000, n
         shutil.rmtree(root, ignore_errors=True)
 
 
-def compaction_hour(minutes: int = 60, rate: int = 1000, every_min: int = 5) -> dict:
-    """An hour of ingest at ``rate`` rows/s in simulated time: a segment sealed and converted
-    each second (one file per second, as ``trace_flush_age_s`` = 1 makes them at that rate),
-    ``flywheel traces compact`` every ``every_min`` minutes. Files in the partition before and
-    after each compaction, its time, the bytes it rewrote; then every row read back once."""
-    from traces.housekeeping import compact, data_files
+def compaction_hour(minutes: int = 60, rate: int = 1000, every_min: int = 5, fanout: int = 8) -> dict:
+    """An hour of ingest at ``rate`` rows/s in simulated time (a segment sealed and converted each
+    second, one file a second, as ``trace_flush_age_s`` = 1 makes them at that rate), compacted
+    both ways side by side: ``flywheel traces compact`` every ``every_min`` minutes, and the
+    gateway's compactor (levels of ``fanout``, traces/compactor.py) after each file."""
+    from traces.compactor import compact_levels
+    from traces.housekeeping import compact
+
+    def cron(root: Path, part: Path, second: int) -> dict | None:
+        return compact(root) if (second + 1) % (every_min * 60) == 0 else None
+
+    def levels(root: Path, part: Path, second: int) -> dict | None:
+        return compact_levels(root, part, fanout)
+
+    return {
+        "rows_per_s": rate,
+        "simulated_minutes": minutes,
+        f"compact_every_{every_min}_min": _hour_compacted(minutes, rate, cron),
+        f"levels_of_{fanout}": _hour_compacted(minutes, rate, levels),
+    }
+
+
+def _hour_compacted(minutes: int, rate: int, policy) -> dict:
+    """Ingest as :func:`compaction_hour` says, ``policy(root, partition, second)`` after each
+    file; the partition's files (most, and every 5 minutes), the merges' time, the bytes they
+    rewrote over the bytes stored at the end; then every row read back once."""
+    from traces.housekeeping import data_files
 
     rng = random.Random(0)
     pool = [chat_record(i, rng, 150, 50) for i in range(2000)]
     root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
     try:
         writer = TraceWriter(root, "bench", max_batch=10 * rate, max_age_s=1e9)
-        start, sent, rounds, most_files = datetime(2026, 12, 5, 9, tzinfo=timezone.utc), 0, [], 0
-        ingested_bytes = rewritten_bytes = 0
+        start, sent, most_files, merges, rows_rewritten = datetime(2026, 12, 5, 9, tzinfo=timezone.utc), 0, 0, 0, 0
+        rewritten_bytes, merge_s, longest_s, files_every_5_min = 0, 0.0, 0.0, []
         for second in range(minutes * 60):
             at = start + timedelta(seconds=second)
             for _ in range(rate):
@@ -288,36 +309,29 @@ def compaction_hour(minutes: int = 60, rate: int = 1000, every_min: int = 5) -> 
             (part,) = root.glob("date=*/model=*")
             files = data_files(part)
             most_files = max(most_files, len(files))
-            if (second + 1) % (every_min * 60) == 0:
-                before = sum(f.stat().st_size for f in files)
-                t0 = time.perf_counter()
-                report = compact(root)
-                took = time.perf_counter() - t0
-                after = data_files(part)
-                rewritten_bytes += sum(f.stat().st_size for f in after if f not in files)
-                ingested_bytes = sum(f.stat().st_size for f in after)
-                rounds.append(
-                    {
-                        "minute": (second + 1) // 60,
-                        "files_before": len(files),
-                        "files_after": len(after),
-                        "compact_s": round(took, 2),
-                        "rows_rewritten": report["rows"],
-                        "partition_MB": round(before / 1e6, 1),
-                    }
-                )
+            t0 = time.perf_counter()
+            report = policy(root, part, second)
+            took = time.perf_counter() - t0
+            if report and report["files_out"]:
+                new = [f for f in data_files(part) if f not in files]
+                rewritten_bytes += sum(f.stat().st_size for f in new)
+                merges, rows_rewritten = merges + report["files_out"], rows_rewritten + report["rows"]
+                merge_s, longest_s = merge_s + took, max(longest_s, took)
+            if (second + 1) % 300 == 0:
+                files_every_5_min.append(len(data_files(part)))
         writer.close()
         stored = TraceStore(root).count()
         assert stored == sent, (stored, sent)
+        stored_bytes = sum(f.stat().st_size for f in data_files(part))
         return {
-            "simulated_minutes": minutes,
-            "rows_per_s": rate,
             "rows": sent,
-            "compact_every_min": every_min,
             "most_files_in_partition": most_files,
-            "compaction_s_max": max(r["compact_s"] for r in rounds),
-            "bytes_rewritten_over_stored": round(rewritten_bytes / max(ingested_bytes, 1), 1),
-            "rounds": rounds,
+            "files_every_5_min": files_every_5_min,
+            "merges": merges,
+            "merge_s_total": round(merge_s, 1),
+            "merge_s_longest": round(longest_s, 2),
+            "rows_rewritten": rows_rewritten,
+            "bytes_rewritten_over_stored": round(rewritten_bytes / max(stored_bytes, 1), 1),
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -510,7 +524,9 @@ def main() -> None:
     )
     ap.add_argument("--rate", type=int, default=50_000, help="rows per second offered by --sustained")
     ap.add_argument(
-        "--compaction-hour", action="store_true", help="only an hour at 1,000 rows/s in simulated time, compacted every 5 min"
+        "--compaction-hour",
+        action="store_true",
+        help="only an hour at 1,000 rows/s in simulated time: compacted every 5 min, and in levels as it is written",
     )
     ap.add_argument(
         "--month", type=int, default=0, help="only a month of MONTH rows and the store's queries over it (both id layouts)"

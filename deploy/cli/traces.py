@@ -124,6 +124,8 @@ def traces_doctor(
             f"{sum(s['segments'] for s in r['spool'].values())} segments "
             f"({', '.join(r['spool']) or 'no writers'})"
         )
+        if r["compacting"]:
+            console.print("a compaction is under way (its journal and temporary file are not looked at)")
         for p in problems:
             console.print(f"[red]problem:[/] {p}")
         if r["small_files"] > 100:

@@ -1,0 +1,110 @@
+"""Compaction while the store is written (traces/compactor.py): a partition's files stay few under
+sustained ingest, each row is stored once through every merge, and a merge that fails or meets
+another compaction leaves the store as it was."""
+
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from traces.compactor import compact_levels, level_of
+from traces.housekeeping import JOURNAL, doctor, housekeeping_lock, partitions
+from traces.store import TraceStore
+from traces.writer import TraceWriter
+
+NOW = datetime(2026, 12, 5, 9, tzinfo=timezone.utc)
+
+
+def segment(writer: TraceWriter, first: int, rows: int = 5) -> None:
+    """``rows`` records, then a flush: one file in the partition."""
+    for i in range(first, first + rows):
+        writer.write({"trace_id": f"t{i}", "gen_ai_request_model": "m", "time_received": NOW, "completion_token_ids": [i]})
+    writer.flush()
+
+
+def stored(root) -> dict:
+    return TraceStore(root).sql("SELECT count(*) AS n, count(DISTINCT trace_id) AS ids FROM traces").to_pylist()[0]
+
+
+def base_digits(n: int, base: int) -> list[int]:
+    digits = []
+    while n:
+        n, d = divmod(n, base)
+        digits.append(d)
+    return digits
+
+
+def test_levels_keep_a_partitions_files_to_the_digits_of_its_count_and_store_each_row_once(tmp_path):
+    """70 segments merged in fours as they come: 70 is 1012 in base 4, so four files are left
+    (one of each level's digit), and every row is there once."""
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    most = 0
+    for n in range(70):
+        segment(writer, n * 5)
+        (part,) = partitions(tmp_path)
+        report = compact_levels(tmp_path, part, fanout=4)
+        assert report is not None
+        most = max(most, len(list(part.glob("*.parquet"))))
+    writer.close()
+    levels = sorted(level_of(f.name) for f in part.glob("*.parquet"))
+    digits = base_digits(70, 4)
+    assert levels == sorted(level for level, d in enumerate(digits) for _ in range(d)), levels
+    assert most <= 3 * len(digits) + 1  # at most fanout - 1 of each level, and the one just written
+    assert stored(tmp_path) == {"n": 350, "ids": 350}
+
+
+def test_a_writer_with_compaction_on_merges_beside_the_conversion_and_loses_nothing(tmp_path):
+    """The gateway's way: the mover process converts and compacts on a thread of its own; the
+    store reads every row once while files come and go."""
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600, mover="process", compact_fanout=3)
+    try:
+        for n in range(12):
+            segment(writer, n * 5)
+            assert stored(tmp_path) == {"n": (n + 1) * 5, "ids": (n + 1) * 5}
+        (part,) = partitions(tmp_path)
+        deadline = time.monotonic() + 60
+        while not any(level_of(f.name) == 2 for f in part.glob("*.parquet")):
+            assert time.monotonic() < deadline, sorted(f.name for f in part.glob("*.parquet"))
+            time.sleep(0.1)
+    finally:
+        writer.close()
+    assert stored(tmp_path) == {"n": 60, "ids": 60}
+    assert len(list(part.glob("*.parquet"))) <= 2 * 3 + 1
+
+
+def test_a_merge_that_fails_half_way_leaves_its_inputs_and_no_journal(tmp_path, monkeypatch):
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    for n in range(4):
+        segment(writer, n * 5)
+    writer.close()
+    (part,) = partitions(tmp_path)
+    before = sorted(f.name for f in part.glob("*.parquet"))
+
+    def disk_full(tmp, final):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("traces.housekeeping.seal", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        compact_levels(tmp_path, part, fanout=4)
+    assert sorted(f.name for f in part.glob("*.parquet")) == before
+    assert not (part / JOURNAL).exists() and not list(part.glob(".*.tmp"))
+    assert stored(tmp_path) == {"n": 20, "ids": 20}
+
+
+def test_a_compaction_under_way_elsewhere_is_waited_for_not_joined(tmp_path):
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    for n in range(4):
+        segment(writer, n * 5)
+    writer.close()
+    (part,) = partitions(tmp_path)
+    with housekeeping_lock(tmp_path) as held:  # as another process's compaction holds it
+        assert held
+        assert compact_levels(tmp_path, part, fanout=4) is None
+        assert len(list(part.glob("*.parquet"))) == 4
+        (part / JOURNAL).write_text("{}")  # its journal: work in progress, not a problem
+        report = doctor(tmp_path)
+        assert report["compacting"] and report["interrupted_compactions"] == []
+    (part / JOURNAL).unlink()
+    assert compact_levels(tmp_path, part, fanout=4) == {"partitions": 1, "files_in": 4, "files_out": 1, "rows": 20}
+    assert [level_of(f.name) for f in part.glob("*.parquet")] == [1]
+    assert doctor(tmp_path)["compacting"] is False

@@ -1,0 +1,119 @@
+"""Compaction while the store is written: each partition's files merged in levels, so that their
+number stays bounded under any sustained ingest without the whole partition rewritten each time.
+
+A converted spool segment is a level-0 file. Once ``fanout`` files of one level are in a partition,
+they are merged into one file of the next level (``compact-L<n>-<hash>.parquet``), and so on up. A
+partition then holds at most ``fanout - 1`` files of each level, besides those whose segment is
+still being converted, and a row is rewritten once per level it climbs: log_fanout(the partition's
+files) times. `flywheel traces compact` run on a schedule instead merges every small file into one
+on each run, so it rewrites the partition's rows once per run.
+
+The merge is ``traces/housekeeping.py``'s (journal, rename, then delete; crash-safe, never a row
+seen twice), under the same lock. A compactor that finds the lock held (another replica's, or a
+`flywheel traces compact`) leaves the partition for its next look. A file `compact` merged has no
+level and is left alone here, as is one past ``max_file_bytes``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import duckdb
+
+from traces.housekeeping import TRACE_ROWS, being_converted, data_files, housekeeping_lock, merge_part, recover
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_FILE_BYTES = 256 << 20
+_LEVELLED = re.compile(r"^compact-L(\d+)-[0-9a-f]{16}\.parquet$")
+_MERGED_WHOLE = re.compile(r"^compact-[0-9a-f]{16}\.parquet$")
+
+
+def level_of(name: str) -> int | None:
+    """A file's level: 0 for a converted segment; None for `compact`'s output, never merged here."""
+    if m := _LEVELLED.match(name):
+        return int(m.group(1))
+    return None if _MERGED_WHOLE.match(name) else 0
+
+
+def compact_levels(
+    root: str | Path, part: Path, fanout: int, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, con=None
+) -> dict | None:
+    """Merge each level of ``part`` that holds ``fanout`` files, lowest first (a merge may fill
+    the next one up). The report, or None when another compaction holds the store's lock."""
+    root = Path(root)
+    with housekeeping_lock(root, wait=False) as held:
+        if not held:
+            return None
+        recover(root)
+        con = con or duckdb.connect()
+        converting = being_converted(root)
+        report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
+        try:
+            while full := _full_level(part, fanout, max_file_bytes, converting):
+                level, inputs = full
+                merge_part(con, part, inputs, fanout, report, TRACE_ROWS, prefix=f"compact-L{level + 1}-")
+        except BaseException:
+            recover(root)  # interrupted (the compactor closing, the disk full): undone, not left half-way
+            raise
+        return report
+
+
+def _full_level(part: Path, fanout: int, max_file_bytes: int, converting: set[str]) -> tuple[int, list[Path]] | None:
+    """The lowest level with ``fanout`` files or more, and its files."""
+    levels: dict[int, list[Path]] = defaultdict(list)
+    for f in data_files(part):
+        level = level_of(f.name)
+        if level is not None and f.name not in converting and f.stat().st_size < max_file_bytes:
+            levels[level].append(f)
+    return next(((level, files) for level, files in sorted(levels.items()) if len(files) >= fanout), None)
+
+
+class Compactor:
+    """:func:`compact_levels` on a thread of its own, for the partitions a writer has just written
+    files into (``wrote``). One DuckDB thread: the conversion beside it keeps its core."""
+
+    def __init__(self, root: str | Path, fanout: int, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
+        self.root, self.fanout, self.max_file_bytes = Path(root), fanout, max_file_bytes
+        self._pending: set[Path] = set()
+        self._lock, self._wake, self._closing = threading.Lock(), threading.Event(), False
+        self._con = duckdb.connect(config={"threads": 1})
+        self._thread = threading.Thread(target=self._run, name="trace-compactor", daemon=True)
+        self._thread.start()
+
+    def wrote(self, parts) -> None:
+        with self._lock:
+            self._pending.update(Path(p) for p in parts)
+        self._wake.set()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop; a merge under way is interrupted and undone (its inputs stay)."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout=0.5)
+        if self._thread.is_alive():
+            self._con.interrupt()
+            self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                parts, self._pending = self._pending, set()
+            for part in sorted(parts):
+                if self._closing:
+                    return
+                try:
+                    if compact_levels(self.root, part, self.fanout, self.max_file_bytes, self._con) is None:
+                        with self._lock:  # another compaction holds the store: at the next look
+                            self._pending.add(part)
+                except Exception as exc:
+                    if not self._closing:
+                        log.warning("could not compact %s (tried again at its next file): %s", part, exc)
+            if self._closing:
+                return
