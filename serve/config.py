@@ -326,7 +326,12 @@ class GatewayConfig(StrictModel):
     )
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000
-    trace_flush_age_s: float = 1.0
+    trace_flush_age_s: float = Field(
+        0.25,
+        gt=0,
+        description="a spool segment is converted to Parquet once this old: a row is queryable about this long "
+        "after its answer (the compactor keeps the files this makes few)",
+    )
     trace_mover: Literal["process", "thread"] = Field(
         "process", description="convert the spool to Parquet in a child process (off the request core) or a thread"
     )

@@ -265,44 +265,49 @@ def agent_sustained(seconds: float, sessions: int = 16, prompt: int = 140_000, n
         shutil.rmtree(root, ignore_errors=True)
 
 
-def compaction_hour(minutes: int = 60, rate: int = 1000, every_min: int = 5, fanout: int = 8) -> dict:
-    """An hour of ingest at ``rate`` rows/s in simulated time (a segment sealed and converted each
-    second, one file a second, as ``trace_flush_age_s`` = 1 makes them at that rate), compacted
-    both ways side by side: ``flywheel traces compact`` every ``every_min`` minutes, and the
-    gateway's compactor (levels of ``fanout``, traces/compactor.py) after each file."""
+def compaction_hour(minutes: int = 60, rate: int = 1000, every_min: int = 5, fanout: int = 8, flush_age_s: float = 0.25) -> dict:
+    """An hour of ingest at ``rate`` rows/s in simulated time (a segment sealed and converted
+    every ``flush_age_s``, one file each, as the gateway's ``trace_flush_age_s`` makes them at
+    that rate), compacted both ways side by side: ``flywheel traces compact`` every
+    ``every_min`` minutes, and the gateway's compactor (levels of ``fanout``,
+    traces/compactor.py) after each file."""
     from traces.compactor import compact_levels
     from traces.housekeeping import compact
 
-    def cron(root: Path, part: Path, second: int) -> dict | None:
-        return compact(root) if (second + 1) % (every_min * 60) == 0 else None
+    per_file, every = round(rate * flush_age_s), round(every_min * 60 / flush_age_s)
 
-    def levels(root: Path, part: Path, second: int) -> dict | None:
+    def cron(root: Path, part: Path, n: int) -> dict | None:
+        return compact(root) if (n + 1) % every == 0 else None
+
+    def levels(root: Path, part: Path, n: int) -> dict | None:
         return compact_levels(root, part, fanout)
 
+    files, at_5_min = round(minutes * 60 / flush_age_s), round(300 / flush_age_s)
     return {
         "rows_per_s": rate,
         "simulated_minutes": minutes,
-        f"compact_every_{every_min}_min": _hour_compacted(minutes, rate, cron),
-        f"levels_of_{fanout}": _hour_compacted(minutes, rate, levels),
+        "rows_per_file": per_file,
+        f"compact_every_{every_min}_min": _hour_compacted(files, per_file, flush_age_s, at_5_min, cron),
+        f"levels_of_{fanout}": _hour_compacted(files, per_file, flush_age_s, at_5_min, levels),
     }
 
 
-def _hour_compacted(minutes: int, rate: int, policy) -> dict:
-    """Ingest as :func:`compaction_hour` says, ``policy(root, partition, second)`` after each
-    file; the partition's files (most, and every 5 minutes), the merges' time, the bytes they
-    rewrote over the bytes stored at the end; then every row read back once."""
+def _hour_compacted(n_files: int, per_file: int, every_s: float, at_5_min: int, policy) -> dict:
+    """``n_files`` files of ``per_file`` rows, ``every_s`` apart, ``policy(root, partition, n)``
+    after each; the partition's files (most, and every 5 minutes), the merges' time, the bytes
+    they rewrote over the bytes stored at the end; then every row read back once."""
     from traces.housekeeping import data_files
 
     rng = random.Random(0)
     pool = [chat_record(i, rng, 150, 50) for i in range(2000)]
     root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
     try:
-        writer = TraceWriter(root, "bench", max_batch=10 * rate, max_age_s=1e9)
+        writer = TraceWriter(root, "bench", max_batch=10 * per_file, max_age_s=1e9)
         start, sent, most_files, merges, rows_rewritten = datetime(2026, 12, 5, 9, tzinfo=timezone.utc), 0, 0, 0, 0
         rewritten_bytes, merge_s, longest_s, files_every_5_min = 0, 0.0, 0.0, []
-        for second in range(minutes * 60):
-            at = start + timedelta(seconds=second)
-            for _ in range(rate):
+        for n in range(n_files):
+            at = start + timedelta(seconds=n * every_s)
+            for _ in range(per_file):
                 writer.submit(dict(pool[sent % 2000], trace_id=f"tr-{sent:012d}", time_received=at))
                 sent += 1
             writer.flush()
@@ -310,14 +315,14 @@ def _hour_compacted(minutes: int, rate: int, policy) -> dict:
             files = data_files(part)
             most_files = max(most_files, len(files))
             t0 = time.perf_counter()
-            report = policy(root, part, second)
+            report = policy(root, part, n)
             took = time.perf_counter() - t0
             if report and report["files_out"]:
                 new = [f for f in data_files(part) if f not in files]
                 rewritten_bytes += sum(f.stat().st_size for f in new)
                 merges, rows_rewritten = merges + report["files_out"], rows_rewritten + report["rows"]
                 merge_s, longest_s = merge_s + took, max(longest_s, took)
-            if (second + 1) % 300 == 0:
+            if (n + 1) % at_5_min == 0:
                 files_every_5_min.append(len(data_files(part)))
         writer.close()
         stored = TraceStore(root).count()
@@ -526,7 +531,8 @@ def main() -> None:
     ap.add_argument(
         "--compaction-hour",
         action="store_true",
-        help="only an hour at 1,000 rows/s in simulated time: compacted every 5 min, and in levels as it is written",
+        help="only an hour at 1,000 rows/s in simulated time (a file every 0.25 s): compacted every 5 min, "
+        "and in levels as it is written",
     )
     ap.add_argument(
         "--month", type=int, default=0, help="only a month of MONTH rows and the store's queries over it (both id layouts)"
