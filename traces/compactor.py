@@ -50,7 +50,7 @@ def compact_levels(
         if not held:
             return None
         recover(root)
-        con = con or duckdb.connect()
+        con = duckdb.connect() if con is None else con
         converting = being_converted(root)
         report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
         try:
