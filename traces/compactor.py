@@ -12,6 +12,11 @@ The merge is ``traces/housekeeping.py``'s (journal, rename, then delete; crash-s
 seen twice), under the same lock. A compactor that finds the lock held (another replica's, or a
 `flywheel traces compact`) leaves the partition for its next look. A file `compact` merged has no
 level and is left alone here, as is one past ``max_file_bytes``.
+
+Merges come every few seconds under load, so a merge's inputs are not deleted at once: hidden
+from new snapshots, they stay ``KEEP_INPUTS_S``, twice a query's default deadline, so that a query
+whose snapshot was taken before the merge still reads them (it would fail, and be tried once more
+on a new snapshot, and fail again if it outlived the next merge too).
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from pathlib import Path
 
 import duckdb
 
-from traces.housekeeping import TRACE_ROWS, being_converted, data_files, housekeeping_lock, merge_part, recover
+from traces.housekeeping import JOURNALS, TRACE_ROWS, being_converted, housekeeping_lock, merge_part, recover, visible_files
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_FILE_BYTES = 256 << 20
+KEEP_INPUTS_S = 60.0  # serve/config.py's query_timeout_s is 30 s
 _LEVELLED = re.compile(r"^compact-L(\d+)-[0-9a-f]{16}\.parquet$")
 _MERGED_WHOLE = re.compile(r"^compact-[0-9a-f]{16}\.parquet$")
 
@@ -41,24 +47,31 @@ def level_of(name: str) -> int | None:
 
 
 def compact_levels(
-    root: str | Path, part: Path, fanout: int, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, con=None
+    root: str | Path,
+    part: Path,
+    fanout: int,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    con=None,
+    keep_inputs_s: float = KEEP_INPUTS_S,
 ) -> dict | None:
     """Merge each level of ``part`` that holds ``fanout`` files, lowest first (a merge may fill
-    the next one up). The report, or None when another compaction holds the store's lock."""
+    the next one up), keeping each merge's inputs ``keep_inputs_s`` (and removing those kept
+    that long). The report, or None when another compaction holds the store's lock."""
     root = Path(root)
     with housekeeping_lock(root, wait=False) as held:
         if not held:
             return None
-        recover(root)
+        recover(root, keep_s=keep_inputs_s)
         con = duckdb.connect() if con is None else con
         converting = being_converted(root)
         report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
         try:
             while full := _full_level(part, fanout, max_file_bytes, converting):
                 level, inputs = full
-                merge_part(con, part, inputs, fanout, report, TRACE_ROWS, prefix=f"compact-L{level + 1}-")
+                prefix = f"compact-L{level + 1}-"
+                merge_part(con, part, inputs, fanout, report, TRACE_ROWS, prefix, keep_inputs=keep_inputs_s > 0)
         except BaseException:
-            recover(root)  # interrupted (the compactor closing, the disk full): undone, not left half-way
+            recover(root, keep_s=keep_inputs_s)  # interrupted (closing, the disk full): undone, not left half-way
             raise
         return report
 
@@ -66,7 +79,7 @@ def compact_levels(
 def _full_level(part: Path, fanout: int, max_file_bytes: int, converting: set[str]) -> tuple[int, list[Path]] | None:
     """The lowest level with ``fanout`` files or more, and its files."""
     levels: dict[int, list[Path]] = defaultdict(list)
-    for f in data_files(part):
+    for f in visible_files(part):
         level = level_of(f.name)
         if level is not None and f.name not in converting and f.stat().st_size < max_file_bytes:
             levels[level].append(f)
@@ -75,11 +88,13 @@ def _full_level(part: Path, fanout: int, max_file_bytes: int, converting: set[st
 
 class Compactor:
     """:func:`compact_levels` on a thread of its own, for the partitions a writer has just written
-    files into (``wrote``). One DuckDB thread: the conversion beside it keeps its core."""
+    files into (``wrote``), and again for those with inputs kept once they may go. One DuckDB
+    thread: the conversion beside it keeps its core."""
 
     def __init__(self, root: str | Path, fanout: int, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
         self.root, self.fanout, self.max_file_bytes = Path(root), fanout, max_file_bytes
         self._pending: set[Path] = set()
+        self._keeping: set[Path] = set()  # partitions whose merges' inputs are kept for now
         self._lock, self._wake, self._closing = threading.Lock(), threading.Event(), False
         self._con = duckdb.connect(config={"threads": 1})
         self._thread = threading.Thread(target=self._run, name="trace-compactor", daemon=True)
@@ -101,7 +116,8 @@ class Compactor:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait()
+            if not self._wake.wait(timeout=KEEP_INPUTS_S if self._keeping else None):
+                self.wrote(self._keeping)  # quiet since: what was kept may go now
             self._wake.clear()
             with self._lock:
                 parts, self._pending = self._pending, set()
@@ -109,11 +125,17 @@ class Compactor:
                 if self._closing:
                     return
                 try:
-                    if compact_levels(self.root, part, self.fanout, self.max_file_bytes, self._con) is None:
-                        with self._lock:  # another compaction holds the store: at the next look
-                            self._pending.add(part)
+                    report = compact_levels(self.root, part, self.fanout, self.max_file_bytes, self._con)
                 except Exception as exc:
                     if not self._closing:
                         log.warning("could not compact %s (tried again at its next file): %s", part, exc)
+                    continue
+                if report is None:
+                    with self._lock:  # another compaction holds the store: at the next look
+                        self._pending.add(part)
+                elif any(part.glob(JOURNALS)):
+                    self._keeping.add(part)
+                else:
+                    self._keeping.discard(part)
             if self._closing:
                 return

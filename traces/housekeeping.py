@@ -3,7 +3,10 @@
 Compaction merges a partition's small files into one. It is crash-safe: a journal naming the
 inputs and the output is written first; the output appears by rename; then the inputs go, then
 the journal. ``recover`` finishes or undoes an interrupted compaction, and readers skip inputs
-whose output already exists (``visible_files``), so no row is ever seen twice or lost.
+whose output already exists (``visible_files``), so no row is ever seen twice or lost. The
+compactor that runs beside the writer (``traces/compactor.py``) keeps a merge's inputs, hidden,
+for a while after (each merge has a journal of its own until then): a query's snapshot taken
+before the merge still finds its files.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import shutil
+import time
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -25,6 +29,7 @@ from traces.spool import SEGMENT_GLOB, fsync_path, read_segment
 from traces.mover import converted_name
 
 JOURNAL = "_compaction.json"
+JOURNALS = "_compaction*.json"  # JOURNAL, and the compactor's one per merge whose inputs it keeps
 
 
 def partitions(root: Path) -> list[Path]:
@@ -36,20 +41,21 @@ def data_files(part: Path) -> list[Path]:
 
 
 def visible_files(part: Path) -> list[Path]:
-    """The partition's files a reader should see: mid-compaction inputs are hidden once the
-    output is among the files listed. Listing first and reading the journal second is what
+    """The partition's files a reader should see: a compaction's inputs are hidden once its
+    output is among the files listed. Listing first and reading the journals second is what
     makes this safe without a lock: a journal is removed only after its inputs are gone, so an
     input listed beside its output is either hidden here or already deleted (and the query that
     would read it fails and is retried, see ``TraceStore.sql``); it is never read twice."""
     files = data_files(part)
-    try:
-        j = json.loads((part / JOURNAL).read_text())
-    except (FileNotFoundError, ValueError):
-        return files
-    if j["output"] in {f.name for f in files}:
-        hidden = set(j["inputs"])
-        files = [f for f in files if f.name not in hidden]
-    return files
+    listed, hidden = {f.name for f in files}, set()
+    for journal in sorted(part.glob(JOURNALS)):
+        try:
+            j = json.loads(journal.read_text())
+        except (FileNotFoundError, ValueError):  # finished meanwhile, or being written (no output yet)
+            continue
+        if j["output"] in listed:
+            hidden.update(j["inputs"])
+    return [f for f in files if f.name not in hidden] if hidden else files
 
 
 @contextmanager
@@ -66,13 +72,22 @@ def housekeeping_lock(root: Path, wait: bool = True):
         yield True
 
 
-def recover(root: Path) -> int:
-    """Finish (output exists) or roll back (it does not) interrupted compactions."""
-    fixed = 0
-    for journal in [*root.glob(f"date=*/model=*/{JOURNAL}"), *root.glob(f"{FEEDBACK_DIR}/date=*/{JOURNAL}")]:
+def journals(root: Path) -> list[Path]:
+    return [*root.glob(f"date=*/model=*/{JOURNALS}"), *root.glob(f"{FEEDBACK_DIR}/date=*/{JOURNALS}")]
+
+
+def recover(root: Path, keep_s: float = 0.0) -> int:
+    """Finish (output exists) or roll back (it does not) interrupted compactions; a finished
+    merge's inputs are kept until its journal is ``keep_s`` old. Under the housekeeping lock.
+    A kept merge whose output a later merge took has no output left: that merge's journal
+    carried its inputs (``_kept_behind``), so its own journal only goes."""
+    fixed, now = 0, time.time()
+    for journal in journals(root):
         part = journal.parent
         j = json.loads(journal.read_text())
         if (part / j["output"]).exists():
+            if now - journal.stat().st_mtime < keep_s:
+                continue
             for name in j["inputs"]:
                 (part / name).unlink(missing_ok=True)
         else:
@@ -130,18 +145,27 @@ FEEDBACK_ROWS = ("feedback_id", "time_created", "flywheel.feedback_schema_versio
 
 
 def merge_part(
-    con, part: Path, inputs: list[Path], min_files: int, report: dict, rows_of: tuple, prefix: str = "compact-"
+    con,
+    part: Path,
+    inputs: list[Path],
+    min_files: int,
+    report: dict,
+    rows_of: tuple,
+    prefix: str = "compact-",
+    keep_inputs: bool = False,
 ) -> None:
     """Journal, write the merged file (one row per key, its newest copy), rename it in,
     remove the inputs, remove the journal: a crash anywhere is finished or undone by
-    ``recover``, and ``visible_files`` never shows a row twice meanwhile."""
+    ``recover``, and ``visible_files`` never shows a row twice meanwhile. With ``keep_inputs``
+    the inputs and a journal of this merge's own stay, for a later ``recover`` to remove."""
     key, newest, version_key = rows_of
     if len(inputs) < min_files:
         return
     names = [f.name for f in inputs]
     output = prefix + hashlib.sha256("\n".join(names).encode()).hexdigest()[:16] + ".parquet"
-    journal = part / JOURNAL
-    journal.write_text(json.dumps({"inputs": names, "output": output}))
+    journal = part / (f"_compaction.{output}.json" if keep_inputs else JOURNAL)
+    hidden = names + (_kept_behind(part, set(names)) if keep_inputs else [])
+    journal.write_text(json.dumps({"inputs": hidden, "output": output}))
     fsync_path(journal)
     tmp = part / f".{output}.tmp"
     files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in inputs)
@@ -152,14 +176,31 @@ def merge_part(
         f"KV_METADATA {{'{version_key}': '{_max_version(inputs, version_key)}'}})"
     ).fetchall()[0][0]
     seal(tmp, part / output)
-    for f in inputs:
-        f.unlink()
-    fsync_path(part)
-    journal.unlink()
+    if not keep_inputs:
+        for f in inputs:
+            f.unlink()
+        fsync_path(part)
+        journal.unlink()
     report["partitions"] += 1
     report["files_in"] += len(inputs)
     report["files_out"] += 1
     report["rows"] += rows
+
+
+def _kept_behind(part: Path, names: set[str]) -> list[str]:
+    """The inputs still kept of the merges whose outputs are among ``names``: the new merge's
+    journal hides (and at last removes) them too. Their own journals stay until ``recover``
+    ends them, so a reader that listed the files before this merge's output appeared still
+    finds them hidden by those."""
+    behind = []
+    for journal in sorted(part.glob(JOURNALS)):
+        try:
+            j = json.loads(journal.read_text())
+        except (FileNotFoundError, ValueError):
+            continue
+        if j["output"] in names:
+            behind += j["inputs"]
+    return behind
 
 
 def _max_version(files: list[Path], key: str = "flywheel.schema_version") -> int:
@@ -230,6 +271,15 @@ def doctor(root: str | Path) -> dict:
     with housekeeping_lock(root, wait=False) as idle:  # a compaction under way has its journal and temp file
         report["compacting"] = not idle
         if idle:
-            report["interrupted_compactions"] = [str(j.relative_to(root)) for j in root.glob(f"date=*/**/{JOURNAL}")]
+            report["interrupted_compactions"] = [str(j.relative_to(root)) for j in journals(root) if not _finished(j)]
             report["stray_temp_files"] = [str(t.relative_to(root)) for t in root.glob("date=*/**/.*.tmp")]
     return report
+
+
+def _finished(journal: Path) -> bool:
+    """A journal whose output is in place: a merge whose inputs are kept a while (or whose
+    removal a crash cut short, which the next compaction ends)."""
+    try:
+        return (journal.parent / json.loads(journal.read_text())["output"]).exists()
+    except (FileNotFoundError, ValueError, KeyError):
+        return False

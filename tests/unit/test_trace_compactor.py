@@ -1,6 +1,6 @@
 """Compaction while the store is written (traces/compactor.py): a partition's files stay few under
-sustained ingest, each row is stored once through every merge, and a merge that fails or meets
-another compaction leaves the store as it was."""
+sustained ingest, each row is stored once through every merge, a query's snapshot from before a
+merge still reads, and a merge that fails or meets another compaction leaves the store as it was."""
 
 import time
 from datetime import datetime, timezone
@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 import pytest
 
 from traces.compactor import compact_levels, level_of
-from traces.housekeeping import JOURNAL, doctor, housekeeping_lock, partitions
-from traces.store import TraceStore
+from traces.housekeeping import JOURNALS, data_files, doctor, housekeeping_lock, partitions, visible_files
+from traces.store import SnapshotGone, TraceStore
 from traces.writer import TraceWriter
 
 NOW = datetime(2026, 12, 5, 9, tzinfo=timezone.utc)
@@ -44,13 +44,34 @@ def test_levels_keep_a_partitions_files_to_the_digits_of_its_count_and_store_eac
         (part,) = partitions(tmp_path)
         report = compact_levels(tmp_path, part, fanout=4)
         assert report is not None
-        most = max(most, len(list(part.glob("*.parquet"))))
+        most = max(most, len(visible_files(part)))
+        assert stored(tmp_path) == {"n": (n + 1) * 5, "ids": (n + 1) * 5}  # merged and kept files: each row once
     writer.close()
-    levels = sorted(level_of(f.name) for f in part.glob("*.parquet"))
+    levels = sorted(level_of(f.name) for f in visible_files(part))
     digits = base_digits(70, 4)
     assert levels == sorted(level for level, d in enumerate(digits) for _ in range(d)), levels
     assert most <= 3 * len(digits) + 1  # at most fanout - 1 of each level, and the one just written
     assert stored(tmp_path) == {"n": 350, "ids": 350}
+    compact_levels(tmp_path, part, fanout=4, keep_inputs_s=0)  # the merges' inputs, kept till now, go
+    assert data_files(part) == visible_files(part) and not list(part.glob(JOURNALS))
+    assert stored(tmp_path) == {"n": 350, "ids": 350}
+
+
+def test_a_snapshot_taken_before_a_merge_still_reads_its_files_until_they_have_been_kept_long_enough(tmp_path):
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    for n in range(4):
+        segment(writer, n * 5)
+    writer.close()
+    (part,) = partitions(tmp_path)
+    before = TraceStore(tmp_path, sandbox=True)  # a query worker's snapshot, fixed at creation
+    assert compact_levels(tmp_path, part, fanout=4)["files_out"] == 1
+    assert before.sql("SELECT count(*) AS n FROM traces").to_pylist() == [{"n": 20}]
+    assert stored(tmp_path) == {"n": 20, "ids": 20}  # a new snapshot: the merged file alone
+    assert len(visible_files(part)) == 1 and len(data_files(part)) == 5
+    compact_levels(tmp_path, part, fanout=4, keep_inputs_s=0)
+    assert len(data_files(part)) == 1
+    with pytest.raises(SnapshotGone):
+        before.sql("SELECT count(*) AS n FROM traces")
 
 
 def test_a_writer_with_compaction_on_merges_beside_the_conversion_and_loses_nothing(tmp_path):
@@ -69,7 +90,7 @@ def test_a_writer_with_compaction_on_merges_beside_the_conversion_and_loses_noth
     finally:
         writer.close()
     assert stored(tmp_path) == {"n": 60, "ids": 60}
-    assert len(list(part.glob("*.parquet"))) <= 2 * 3 + 1
+    assert len(visible_files(part)) <= 2 * 3 + 1
 
 
 def test_a_merge_that_fails_half_way_leaves_its_inputs_and_no_journal(tmp_path, monkeypatch):
@@ -87,7 +108,7 @@ def test_a_merge_that_fails_half_way_leaves_its_inputs_and_no_journal(tmp_path, 
     with pytest.raises(OSError, match="No space"):
         compact_levels(tmp_path, part, fanout=4)
     assert sorted(f.name for f in part.glob("*.parquet")) == before
-    assert not (part / JOURNAL).exists() and not list(part.glob(".*.tmp"))
+    assert not list(part.glob(JOURNALS)) and not list(part.glob(".*.tmp"))
     assert stored(tmp_path) == {"n": 20, "ids": 20}
 
 
@@ -101,10 +122,11 @@ def test_a_compaction_under_way_elsewhere_is_waited_for_not_joined(tmp_path):
         assert held
         assert compact_levels(tmp_path, part, fanout=4) is None
         assert len(list(part.glob("*.parquet"))) == 4
-        (part / JOURNAL).write_text("{}")  # its journal: work in progress, not a problem
+        (part / "_compaction.json").write_text("{}")  # its journal: work in progress, not a problem
         report = doctor(tmp_path)
         assert report["compacting"] and report["interrupted_compactions"] == []
-    (part / JOURNAL).unlink()
+    (part / "_compaction.json").unlink()
     assert compact_levels(tmp_path, part, fanout=4) == {"partitions": 1, "files_in": 4, "files_out": 1, "rows": 20}
-    assert [level_of(f.name) for f in part.glob("*.parquet")] == [1]
-    assert doctor(tmp_path)["compacting"] is False
+    assert [level_of(f.name) for f in visible_files(part)] == [1]
+    report = doctor(tmp_path)  # the merge's inputs, kept for a while, are not a problem either
+    assert report["compacting"] is False and report["interrupted_compactions"] == [] and report["rows"] == 40
