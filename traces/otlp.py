@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from traces.files import write_atomic
+from traces.housekeeping import visible_files
 
 log = logging.getLogger(__name__)
 OUTBOX_DIR = "_otlp"
@@ -205,15 +206,17 @@ class OtlpExporter:
         wanted = set(spec["trace_ids"])
         columns = _COLUMNS + (_CONTENT if self.config.content else [])
         first = part / spec["file"]
-        files = [first] if first.exists() else sorted(part.glob("*.parquet"))
-        rows = []
+        # a merge's inputs stay a while beside its output (traces/compactor.py): the visible files
+        # hold each row once
+        files = [first] if first.exists() else visible_files(part)
+        rows = {}
         for f in files:
             try:
                 table = pq.read_table(f, columns=columns)
             except FileNotFoundError:
                 continue
-            rows += [r for r in table.to_pylist() if r["trace_id"] in wanted]
-        return rows
+            rows.update((r["trace_id"], r) for r in table.to_pylist() if r["trace_id"] in wanted)
+        return list(rows.values())
 
     def _span(self, row: dict):
         from opentelemetry.sdk.trace import ReadableSpan

@@ -11,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from traces.compactor import compact_levels
+from traces.housekeeping import data_files, partitions, visible_files
 from traces.otlp import OtlpConfig, OtlpExporter, span_ids
 from traces.store import TraceStore
 from traces.writer import TraceWriter
@@ -140,6 +142,41 @@ def test_a_refusing_collector_is_retried_and_content_goes_only_when_asked(tmp_pa
     a = attrs(collector.spans[0])
     assert "secret prompt" in a["gen_ai.input.messages"] and "secret answer" in a["gen_ai.output.messages"]
     assert a["error.type"] == "upstream_error" and collector.spans[0].status.code == 2  # ERROR
+
+
+def test_rows_whose_files_were_merged_away_while_the_collector_was_away_arrive_once(tmp_path):
+    """Their files merged in levels, the first merge's inputs gone, a later merge's kept beside
+    its output: each row is read from the files a query would see, once."""
+    free = Collector()
+    port = free.port
+    free.stop()
+    config = OtlpConfig(endpoint=f"http://127.0.0.1:{port}", timeout_s=1)
+    exporter = OtlpExporter(tmp_path, "gw", config)
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600, on_converted=exporter.enqueue)
+
+    def segments(ids):
+        for i in ids:
+            writer.write(record(i))
+            writer.flush()
+        return partitions(tmp_path)[0]
+
+    part = segments(range(4))
+    compact_levels(tmp_path, part, fanout=2)  # four files into one
+    compact_levels(tmp_path, part, fanout=2, keep_inputs_s=0)  # the four are gone
+    segments(range(4, 6))
+    compact_levels(tmp_path, part, fanout=2)  # two into one, then the two merged ones into one: inputs kept
+    writer.close()
+    exporter.close()
+    assert len(data_files(part)) == 5 and len(visible_files(part)) == 1
+
+    collector = Collector(port)
+    again = OtlpExporter(tmp_path, "gw", config)
+    try:
+        until(lambda: again.pending() == 0)
+    finally:
+        again.close()
+        collector.stop()
+    assert sorted(s.span_id for s in collector.spans) == sorted(span_ids(f"tr-{i:032x}")[1].to_bytes(8, "big") for i in range(6))
 
 
 @pytest.mark.parametrize("trace_id", ["tr-" + "ab" * 16, "batch-line-7", "tr-zz"])
