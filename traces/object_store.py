@@ -15,6 +15,8 @@ import duckdb
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from traces.housekeeping import data_files, partitions, visible_files
+
 
 def s3_filesystem(
     endpoint: str | None = None,
@@ -35,12 +37,18 @@ def s3_filesystem(
 
 
 def upload(root: str | Path, fs: pafs.FileSystem, prefix: str) -> int:
-    """Copy the local store's Parquet tree (not its spool) under ``prefix`` (bucket/path)."""
+    """Copy the local store's Parquet tree under ``prefix`` (bucket/path): not its spool, nor a
+    compaction's journal or the inputs it keeps a while beside its output (a reader of the bucket
+    would count their rows twice)."""
     local = pafs.LocalFileSystem()
+    root = Path(root)
+    kept = {f for part in partitions(root) for f in set(data_files(part)) - set(visible_files(part))}
     n = 0
     for info in local.get_file_info(pafs.FileSelector(str(root), recursive=True)):
         rel = Path(info.path).relative_to(root)
-        if info.type != pafs.FileType.File or rel.parts[0].startswith("_") or rel.name.startswith("."):
+        if info.type != pafs.FileType.File or rel.parts[0].startswith("_") or rel.name.startswith((".", "_")):
+            continue
+        if Path(info.path) in kept:
             continue
         pafs.copy_files(info.path, f"{prefix}/{rel.as_posix()}", source_filesystem=local, destination_filesystem=fs)
         n += 1
