@@ -25,8 +25,7 @@ import pyarrow.parquet as pq
 
 from traces.files import seal
 from traces.schema import FEEDBACK_DIR, SCHEMA_VERSION
-from traces.spool import SEGMENT_GLOB, fsync_path, read_segment
-from traces.mover import converted_name
+from traces.spool import SEGMENT_GLOB, converted_name, fsync_path, read_segment
 
 JOURNAL = "_compaction.json"
 JOURNALS = "_compaction*.json"  # JOURNAL, and the compactor's one per merge whose inputs it keeps

@@ -31,9 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from traces.compactor import Compactor
 from traces.files import private_dirs, seal
 from traces.schema import rows_to_table
-from traces.spool import read_segment, segment_key
+from traces.spool import converted_name, read_segment
 
 _LENGTH = struct.Struct("<I")
 _encoder, _decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
@@ -68,11 +69,6 @@ def read_rows(segment: Path) -> tuple[list[str], list[list]]:
     if not isinstance(frames[0], dict) or "fields" not in frames[0]:
         raise ValueError(f"{segment} has no header frame; not a trace writer segment")
     return frames[0]["fields"], frames[1:]
-
-
-def converted_name(instance: str, segment: Path) -> str:
-    """The Parquet file a segment becomes in each partition it has rows for."""
-    return f"{instance}-{segment_key(segment)}.parquet"
 
 
 def convert_segment(root: Path, instance: str, segment: Path, want_ids: bool) -> tuple[int, list[Output]]:
@@ -201,8 +197,6 @@ def serve(requests, replies) -> None:
             finally:
                 gc.enable()
             if compact_fanout and files:
-                from traces.compactor import Compactor  # housekeeping imports this module
-
                 compactor = compactor or Compactor(root, compact_fanout)
                 compactor.wrote(part for part, _, _ in files)
     finally:

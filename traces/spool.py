@@ -57,6 +57,11 @@ def segment_key(path: Path) -> str:
     return path.stem.removeprefix("seg-")
 
 
+def converted_name(instance: str, segment: Path) -> str:
+    """The Parquet file a segment becomes in each partition it has rows for."""
+    return f"{instance}-{segment_key(segment)}.parquet"
+
+
 def frame(payload: bytes) -> bytes:
     """One record as it lies in a segment: length, checksum, payload."""
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
