@@ -28,6 +28,7 @@ import msgspec
 import pyarrow.parquet as pq
 
 from deploy.stack.processes import cpu_seconds
+from serve.config import GatewayConfig
 from traces.prefix import PrefixEncoder
 from traces.schema import SCHEMA_VERSION, SPOOL_HEADER, check_record, rows_to_table, to_row
 from traces.spool import frame, read_segment
@@ -154,16 +155,19 @@ def backlog_trend(timeline: list[tuple]) -> float:
     return round(float(np.polyfit(seconds, spool_bytes, 1)[0]) * 60 / 1e6, 1)
 
 
-def sustained(seconds: float, rate: int, mover: str, prompt_len: int = 150, completion_len: int = 50) -> dict:
+def sustained(
+    seconds: float, rate: int, mover: str, prompt_len: int = 150, completion_len: int = 50, compact_fanout: int | None = None
+) -> dict:
     """Records offered at ``rate`` per second for ``seconds``, as a gateway process takes them
-    (this process, its threads on core 0; ``mover="process"``: its mover child on core 1). Each
-    second: how many were offered, acknowledged (fsync'd) and how many bytes wait in the spool.
-    Then the time the mover needs to catch up once the offer stops, and every row read back."""
+    (this process, its threads on core 0; ``mover="process"``: its mover child on core 1, and with
+    ``compact_fanout`` its compactor too, as a gateway runs them). Each second: how many were
+    offered, acknowledged (fsync'd) and how many bytes wait in the spool. Then the time the mover
+    needs to catch up once the offer stops, and every row read back."""
     rng = random.Random(0)
     pool = [chat_record(i, rng, prompt_len, completion_len) for i in range(2000)]
     root = Path(tempfile.mkdtemp(prefix="fw-bench-"))
     try:
-        writer = TraceWriter(root, "bench", max_batch=20_000, max_age_s=1.0, mover=mover)
+        writer = TraceWriter(root, "bench", max_batch=20_000, max_age_s=1.0, mover=mover, compact_fanout=compact_fanout)
         pin({0})
         timeline, sent = [], 0
         t0 = time.perf_counter()
@@ -185,6 +189,7 @@ def sustained(seconds: float, rate: int, mover: str, prompt_len: int = 150, comp
         caught_up_s, _, mover_cpu_s = drain(writer, root, t0, sent)
         return {
             "mover": mover,
+            "compact_fanout": compact_fanout,
             "offered_rows_per_s": rate,
             "seconds": seconds,
             "sent": sent,
@@ -554,6 +559,8 @@ def main() -> None:
         return
     if args.sustained:
         runs = {f"200_tokens_mover_{m}": sustained(args.sustained, args.rate, m) for m in ("thread", "process")}
+        fanout = GatewayConfig().trace_compact_fanout  # the gateway's default: compaction beside the mover
+        runs["200_tokens_mover_process_compacting"] = sustained(args.sustained, args.rate, "process", compact_fanout=fanout)
         runs["agent_turns_mover_process"] = agent_sustained(args.sustained)
         print(json.dumps(runs, indent=2))
         return
