@@ -327,19 +327,21 @@ class GatewayConfig(StrictModel):
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = Field(
-        0.25,
+        1.0,
         gt=0,
         description="a spool segment is converted to Parquet once this old: a row is queryable about this long "
-        "after its answer (the compactor keeps the files this makes few)",
+        "after its answer; shorter makes more files (see trace_compact_fanout)",
     )
     trace_mover: Literal["process", "thread"] = Field(
         "process", description="convert the spool to Parquet in a child process (off the request core) or a thread"
     )
     trace_compact_fanout: int | None = Field(
-        8,
+        None,
         ge=2,
-        description="merge a partition's files as they are written, each level's this many into one of the "
-        "next (traces/compactor.py); None: only `flywheel traces compact` merges them",
+        description="merge a partition's files as they are written, each level's this many into one of the next, "
+        "in the mover's process (traces/compactor.py); 8 keeps them few. Off by default: beside the mover it "
+        "took conversion from 50,000 to 32,500 rows/s (deploy/bench/traces.py --sustained). None: only "
+        "`flywheel traces compact` merges them",
     )
     trace_spool_limit_mb: int = Field(
         2048, ge=1, description="spool not yet in Parquet past this: new requests get 503 trace_store_behind"

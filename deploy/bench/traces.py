@@ -28,7 +28,6 @@ import msgspec
 import pyarrow.parquet as pq
 
 from deploy.stack.processes import cpu_seconds
-from serve.config import GatewayConfig
 from traces.prefix import PrefixEncoder
 from traces.schema import SCHEMA_VERSION, SPOOL_HEADER, check_record, rows_to_table, to_row
 from traces.spool import frame, read_segment
@@ -559,8 +558,8 @@ def main() -> None:
         return
     if args.sustained:
         runs = {f"200_tokens_mover_{m}": sustained(args.sustained, args.rate, m) for m in ("thread", "process")}
-        fanout = GatewayConfig().trace_compact_fanout  # the gateway's default: compaction beside the mover
-        runs["200_tokens_mover_process_compacting"] = sustained(args.sustained, args.rate, "process", compact_fanout=fanout)
+        # gateway.trace_compact_fanout = 8: compaction beside the mover, in its process
+        runs["200_tokens_mover_process_compacting"] = sustained(args.sustained, args.rate, "process", compact_fanout=8)
         runs["agent_turns_mover_process"] = agent_sustained(args.sustained)
         print(json.dumps(runs, indent=2))
         return
