@@ -4,6 +4,7 @@ merge still reads, and a merge that fails or meets another compaction leaves the
 
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,16 @@ def segment(writer: TraceWriter, first: int, rows: int = 5) -> None:
     for i in range(first, first + rows):
         writer.write({"trace_id": f"t{i}", "gen_ai_request_model": "m", "time_received": NOW, "completion_token_ids": [i]})
     writer.flush()
+
+
+def four_files(root) -> Path:
+    """Four segments of five rows, converted: their partition."""
+    writer = TraceWriter(root, "gw", max_age_s=3600)
+    for n in range(4):
+        segment(writer, n * 5)
+    writer.close()
+    (part,) = partitions(root)
+    return part
 
 
 def stored(root) -> dict:
@@ -58,11 +69,7 @@ def test_levels_keep_a_partitions_files_to_the_digits_of_its_count_and_store_eac
 
 
 def test_a_snapshot_taken_before_a_merge_still_reads_its_files_until_they_have_been_kept_long_enough(tmp_path):
-    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
-    for n in range(4):
-        segment(writer, n * 5)
-    writer.close()
-    (part,) = partitions(tmp_path)
+    part = four_files(tmp_path)
     before = TraceStore(tmp_path, sandbox=True)  # a query worker's snapshot, fixed at creation
     assert compact_levels(tmp_path, part, fanout=4)["files_out"] == 1
     assert before.sql("SELECT count(*) AS n FROM traces").to_pylist() == [{"n": 20}]
@@ -94,11 +101,7 @@ def test_a_writer_with_compaction_on_merges_beside_the_conversion_and_loses_noth
 
 
 def test_a_merge_that_fails_half_way_leaves_its_inputs_and_no_journal(tmp_path, monkeypatch):
-    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
-    for n in range(4):
-        segment(writer, n * 5)
-    writer.close()
-    (part,) = partitions(tmp_path)
+    part = four_files(tmp_path)
     before = sorted(f.name for f in part.glob("*.parquet"))
 
     def disk_full(tmp, final):
@@ -113,11 +116,7 @@ def test_a_merge_that_fails_half_way_leaves_its_inputs_and_no_journal(tmp_path, 
 
 
 def test_a_compaction_under_way_elsewhere_is_waited_for_not_joined(tmp_path):
-    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
-    for n in range(4):
-        segment(writer, n * 5)
-    writer.close()
-    (part,) = partitions(tmp_path)
+    part = four_files(tmp_path)
     with housekeeping_lock(tmp_path) as held:  # as another process's compaction holds it
         assert held
         assert compact_levels(tmp_path, part, fanout=4) is None
