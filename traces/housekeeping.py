@@ -47,14 +47,20 @@ def visible_files(part: Path) -> list[Path]:
     would read it fails and is retried, see ``TraceStore.sql``); it is never read twice."""
     files = data_files(part)
     listed, hidden = {f.name for f in files}, set()
-    for journal in sorted(part.glob(JOURNALS)):
-        try:
-            j = json.loads(journal.read_text())
-        except (FileNotFoundError, ValueError):  # finished meanwhile, or being written (no output yet)
-            continue
+    for j in _journal_entries(part):
         if j["output"] in listed:
             hidden.update(j["inputs"])
     return [f for f in files if f.name not in hidden] if hidden else files
+
+
+def _journal_entries(part: Path):
+    """The partition's journals as written, less any finished meanwhile or still being written
+    (that one has no output yet)."""
+    for journal in sorted(part.glob(JOURNALS)):
+        try:
+            yield json.loads(journal.read_text())
+        except (FileNotFoundError, ValueError):
+            continue
 
 
 @contextmanager
@@ -191,15 +197,7 @@ def _kept_behind(part: Path, names: set[str]) -> list[str]:
     journal hides (and at last removes) them too. Their own journals stay until ``recover``
     ends them, so a reader that listed the files before this merge's output appeared still
     finds them hidden by those."""
-    behind = []
-    for journal in sorted(part.glob(JOURNALS)):
-        try:
-            j = json.loads(journal.read_text())
-        except (FileNotFoundError, ValueError):
-            continue
-        if j["output"] in names:
-            behind += j["inputs"]
-    return behind
+    return [name for j in _journal_entries(part) if j["output"] in names for name in j["inputs"]]
 
 
 def _max_version(files: list[Path], key: str = "flywheel.schema_version") -> int:
