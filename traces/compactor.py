@@ -29,12 +29,20 @@ from pathlib import Path
 
 import duckdb
 
-from traces.housekeeping import JOURNALS, TRACE_ROWS, being_converted, housekeeping_lock, merge_part, recover, visible_files
+from traces.housekeeping import (
+    JOURNALS,
+    KEEP_INPUTS_S,
+    TRACE_ROWS,
+    being_converted,
+    housekeeping_lock,
+    merge_part,
+    recover,
+    visible_files,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_FILE_BYTES = 256 << 20
-KEEP_INPUTS_S = 60.0  # serve/config.py's query_timeout_s is 30 s
 _LEVELLED = re.compile(r"^compact-L(\d+)-[0-9a-f]{16}\.parquet$")
 _MERGED_WHOLE = re.compile(r"^compact-[0-9a-f]{16}\.parquet$")
 

@@ -4,7 +4,9 @@ Feedback must not be lost once acknowledged, so it is written as zstd Parquet (t
 fsync, rename, fsync the directory) before the caller hears "ok". Posts that arrive while a
 write is under way are written together, as one file (group commit), and a day that reaches
 ``COMPACT_AT`` files is compacted into one (``traces.housekeeping``): every query reads each
-file's footer, and 2,000 posts of one file each added 1.5 s to every query of every team.
+file's footer, and 2,000 posts of one file each added 1.5 s to every query of every team. The
+merged files stay ``KEEP_INPUTS_S`` for the queries that listed them: posted fast, feedback is
+merged every few seconds, and a loop reading its team's rewards lost three snapshots in a row.
 Files live under ``<store>/_feedback/date=YYYY-MM-DD/``; the store's ``feedback`` and
 ``rewards`` views read them.
 """
@@ -21,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.files import private_dirs, seal
-from traces.housekeeping import compact_feedback, data_files
+from traces.housekeeping import KEEP_INPUTS_S, compact_feedback, visible_files
 from traces.schema import FEEDBACK_DIR
 
 log = logging.getLogger(__name__)
@@ -121,8 +123,9 @@ class FeedbackWriter:
 
     def _compact_if_due(self, part: Path) -> None:
         try:
-            if len(data_files(part)) >= COMPACT_AT:
-                compact_feedback(self.root, [part])
+            # the files a query sees: the merged files kept beside their output are not counted
+            if len(visible_files(part)) >= COMPACT_AT:
+                compact_feedback(self.root, [part], keep_inputs_s=KEEP_INPUTS_S)
         except Exception as exc:  # the rows are safe; compaction is tried on the next write
             log.warning("could not compact feedback: %s", exc)
 

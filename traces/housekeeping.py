@@ -35,6 +35,12 @@ def partitions(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("date=*/model=*") if p.is_dir())
 
 
+# How long a merge that runs while the store is read (the compactor's, feedback's) keeps its inputs:
+# twice a query's default deadline (serve/config.py's query_timeout_s is 30 s), so that a query
+# whose snapshot listed them before the merge still reads them.
+KEEP_INPUTS_S = 60.0
+
+
 def data_files(part: Path) -> list[Path]:
     return sorted(p for p in part.glob("*.parquet") if not p.name.startswith("."))
 
@@ -127,16 +133,19 @@ def compact(root: str | Path, min_files: int = 2, max_file_bytes: int = 256 << 2
     return report
 
 
-def compact_feedback(root: str | Path, parts: list[Path] | None = None, max_file_bytes: int = 256 << 20) -> dict:
-    """Merge each feedback day's files (or only ``parts``') into one."""
+def compact_feedback(
+    root: str | Path, parts: list[Path] | None = None, max_file_bytes: int = 256 << 20, keep_inputs_s: float = 0.0
+) -> dict:
+    """Merge each feedback day's files (or only ``parts``') into one; with ``keep_inputs_s``, the
+    merged files stay that long for queries that listed them (``KEEP_INPUTS_S``)."""
     root = Path(root)
     report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
     with housekeeping_lock(root):
-        recover(root)
+        recover(root, keep_s=keep_inputs_s)
         con = duckdb.connect()
         for part in parts if parts is not None else feedback_partitions(root):
-            inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes]
-            merge_part(con, part, inputs, 2, report, FEEDBACK_ROWS)
+            inputs = [f for f in visible_files(part) if f.stat().st_size < max_file_bytes]
+            merge_part(con, part, inputs, 2, report, FEEDBACK_ROWS, keep_inputs=keep_inputs_s > 0)
     return report
 
 

@@ -8,14 +8,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from traces import feedback
-from traces.housekeeping import compact, feedback_partitions
+from traces.housekeeping import compact, compact_feedback, data_files, feedback_partitions, visible_files
 from traces.store import TraceStore
 from traces.writer import TraceWriter
 from tests.unit.test_housekeeping import fill
 
 
 def feedback_files(root):
-    return [f for part in feedback_partitions(root) for f in part.glob("*.parquet")]
+    """The feedback files a query opens (those a merge took stay a while, hidden)."""
+    return [f for part in feedback_partitions(root) for f in visible_files(part)]
 
 
 def test_thousands_of_single_posts_leave_a_bounded_number_of_files_and_every_row_once(setup, tmp_path):
@@ -101,6 +102,37 @@ def test_a_teams_snapshot_whose_feedback_files_were_compacted_away_says_so_and_a
     with pytest.raises(SnapshotGone):
         old.sql("SELECT reward FROM rewards")
     assert TraceStore(tmp_path, team="red").sql("SELECT reward FROM rewards").column("reward").to_pylist() == [1.0]
+
+
+def test_a_teams_snapshot_reads_on_while_the_feedback_under_it_is_merged_and_sees_each_row_once(tmp_path):
+    """Feedback posted fast is merged every ``COMPACT_AT`` files. A team's snapshot taken before
+    a merge still reads the files it listed (kept ``KEEP_INPUTS_S``; CI lost a loop's three
+    snapshots in a row when they were deleted at once), and no snapshot sees a row twice."""
+    writer = TraceWriter(tmp_path, "gw", max_age_s=3600)
+    writer.write({"trace_id": "t1", "team": "red", "http_status": 200, "prompt_token_ids": [1], "completion_token_ids": [2]})
+    writer.close()
+
+    def post(i):
+        feedback.write_feedback(tmp_path, [{"trace_id": "t1", "team": "red", "name": f"r{i}", "reward": 1.0}])
+
+    def count(store):
+        return store.sql("SELECT count(*) AS n, count(DISTINCT feedback_id) AS ids FROM feedback").to_pylist()[0]
+
+    for i in range(feedback.COMPACT_AT - 1):
+        post(i)
+    before = TraceStore(tmp_path, team="red")
+    post(feedback.COMPACT_AT)  # the day's 32nd file: merged
+    (part,) = feedback_partitions(tmp_path)
+    assert len(visible_files(part)) == 1 and len(data_files(part)) == 1 + feedback.COMPACT_AT
+    assert count(before) == {"n": feedback.COMPACT_AT - 1, "ids": feedback.COMPACT_AT - 1}
+    assert count(TraceStore(tmp_path, team="red")) == {"n": feedback.COMPACT_AT, "ids": feedback.COMPACT_AT}
+    for i in range(feedback.COMPACT_AT - 1):  # the merged file and 31 more: merged again
+        post(100 + i)
+    assert len(visible_files(part)) == 1
+    assert count(TraceStore(tmp_path, team="red")) == {"n": 2 * feedback.COMPACT_AT - 1, "ids": 2 * feedback.COMPACT_AT - 1}
+    compact_feedback(tmp_path, keep_inputs_s=0)  # kept long enough: gone
+    assert len(data_files(part)) == 1
+    assert count(TraceStore(tmp_path, team="red"))["n"] == 2 * feedback.COMPACT_AT - 1
 
 
 @pytest.mark.parametrize("team", [None, "red"])
