@@ -13,6 +13,12 @@ seen twice), under the same lock. A compactor that finds the lock held (another 
 `flywheel traces compact`) leaves the partition for its next look. A file `compact` merged has no
 level and is left alone here, as is one past ``max_file_bytes``.
 
+Conversion comes first: a merge starts only while no writer's spool holds a segment waiting to
+be converted (``conversion_waiting``), so that on the core they share the merges take what the
+conversion leaves. Beside it they cut the mover's throughput from 49,698 to 32,492 rows/s at
+50,000 offered; once they waited, to <figure> (README, "Compaction as the store is written"). Under
+a load the conversion barely keeps up with, files pile up until it eases.
+
 Merges come every few seconds under load, so a merge's inputs are not deleted at once: hidden
 from new snapshots, they stay ``KEEP_INPUTS_S``, twice a query's default deadline, so that a query
 whose snapshot was taken before the merge still reads them (it would fail, and be tried once more
@@ -39,10 +45,12 @@ from traces.housekeeping import (
     recover,
     visible_files,
 )
+from traces.spool import SEGMENT_GLOB
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_FILE_BYTES = 256 << 20
+YIELD_WAIT_S = 0.25  # how soon a compactor that gave way to the conversion looks again
 _LEVELLED = re.compile(r"^compact-L(\d+)-[0-9a-f]{16}\.parquet$")
 _MERGED_WHOLE = re.compile(r"^compact-[0-9a-f]{16}\.parquet$")
 
@@ -61,10 +69,12 @@ def compact_levels(
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     con=None,
     keep_inputs_s: float = KEEP_INPUTS_S,
+    yield_to=lambda: False,
 ) -> dict | None:
     """Merge each level of ``part`` that holds ``fanout`` files, lowest first (a merge may fill
     the next one up), keeping each merge's inputs ``keep_inputs_s`` (and removing those kept
-    that long). The report, or None when another compaction holds the store's lock."""
+    that long); before each merge, stop (the report says ``"yielded"``) if ``yield_to()``. The
+    report, or None when another compaction holds the store's lock."""
     root = Path(root)
     with housekeeping_lock(root, wait=False) as held:
         if not held:
@@ -72,9 +82,12 @@ def compact_levels(
         recover(root, keep_s=keep_inputs_s)
         con = duckdb.connect() if con is None else con
         converting = being_converted(root)
-        report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
+        report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0, "yielded": False}
         try:
             while full := _full_level(part, fanout, max_file_bytes, converting):
+                if yield_to():
+                    report["yielded"] = True
+                    break
                 level, inputs = full
                 prefix = f"compact-L{level + 1}-"
                 merge_part(con, part, inputs, fanout, report, TRACE_ROWS, prefix, keep_inputs=keep_inputs_s > 0)
@@ -82,6 +95,12 @@ def compact_levels(
             recover(root, keep_s=keep_inputs_s)  # interrupted (closing, the disk full): undone, not left half-way
             raise
         return report
+
+
+def conversion_waiting(root: Path) -> bool:
+    """Whether a writer's spool holds a segment waiting for conversion (or being converted):
+    more than the one segment it appends to."""
+    return any(sum(1 for _ in spool.glob(SEGMENT_GLOB)) > 1 for spool in (root / "_spool").glob("*"))
 
 
 def _full_level(part: Path, fanout: int, max_file_bytes: int, converting: set[str]) -> tuple[int, list[Path]] | None:
@@ -96,9 +115,8 @@ def _full_level(part: Path, fanout: int, max_file_bytes: int, converting: set[st
 
 class Compactor:
     """:func:`compact_levels` on a thread of its own, for the partitions a writer has just written
-    files into (``wrote``), and again for those with inputs kept once they may go. DuckDB gets one
-    thread; even so, beside the conversion in the mover's process it slowed that from 49,698 to
-    32,492 rows/s at 50,000 offered (README, "Compaction as the store is written")."""
+    files into (``wrote``), and again for those with inputs kept once they may go; each merge
+    waits until no segment waits for conversion. DuckDB gets one thread."""
 
     def __init__(self, root: str | Path, fanout: int, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
         self.root, self.fanout, self.max_file_bytes = Path(root), fanout, max_file_bytes
@@ -123,24 +141,34 @@ class Compactor:
             self._con.interrupt()
             self._thread.join(timeout=timeout)
 
+    def _conversion_waiting(self) -> bool:
+        return conversion_waiting(self.root)
+
     def _run(self) -> None:
+        yielded = False
         while True:
-            if not self._wake.wait(timeout=KEEP_INPUTS_S if self._keeping else None):
+            if yielded:  # the conversion had work: look again shortly
+                self._wake.wait(timeout=YIELD_WAIT_S)
+            elif not self._wake.wait(timeout=KEEP_INPUTS_S if self._keeping else None):
                 self.wrote(self._keeping)  # quiet since: what was kept may go now
             self._wake.clear()
+            yielded = False
             with self._lock:
                 parts, self._pending = self._pending, set()
             for part in sorted(parts):
                 if self._closing:
                     return
                 try:
-                    report = compact_levels(self.root, part, self.fanout, self.max_file_bytes, self._con)
+                    report = compact_levels(
+                        self.root, part, self.fanout, self.max_file_bytes, self._con, yield_to=self._conversion_waiting
+                    )
                 except Exception as exc:
                     if not self._closing:
                         log.warning("could not compact %s (tried again at its next file): %s", part, exc)
                     continue
-                if report is None:
-                    with self._lock:  # another compaction holds the store: at the next look
+                if report is None or report["yielded"]:
+                    yielded = yielded or report is not None
+                    with self._lock:  # another compaction holds the store, or the conversion has work
                         self._pending.add(part)
                 elif any(part.glob(JOURNALS)):
                     self._keeping.add(part)

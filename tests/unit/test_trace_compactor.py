@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from traces.compactor import compact_levels, level_of
+from traces.compactor import Compactor, compact_levels, conversion_waiting, level_of
 from traces.housekeeping import JOURNALS, data_files, doctor, housekeeping_lock, partitions, visible_files
+from traces.spool import new_lifetime, segment_path
 from traces.store import SnapshotGone, TraceStore
 from traces.writer import TraceWriter
 
@@ -125,7 +126,40 @@ def test_a_compaction_under_way_elsewhere_is_waited_for_not_joined(tmp_path):
         report = doctor(tmp_path)
         assert report["compacting"] and report["interrupted_compactions"] == []
     (part / "_compaction.json").unlink()
-    assert compact_levels(tmp_path, part, fanout=4) == {"partitions": 1, "files_in": 4, "files_out": 1, "rows": 20}
+    assert compact_levels(tmp_path, part, fanout=4) == {"partitions": 1, "files_in": 4, "files_out": 1, "rows": 20, "yielded": False}
     assert [level_of(f.name) for f in visible_files(part)] == [1]
     report = doctor(tmp_path)  # the merge's inputs, kept for a while, are not a problem either
     assert report["compacting"] is False and report["interrupted_compactions"] == [] and report["rows"] == 40
+
+
+def test_the_compactor_gives_way_while_a_segment_waits_for_conversion_and_merges_once_none_does(tmp_path):
+    """Conversion first: while a writer's spool holds a segment besides the one it appends to, no
+    merge starts (beside the conversion they cut its throughput by a third); once converted, the
+    compactor merges."""
+    part = four_files(tmp_path)
+    spool, lifetime = tmp_path / "_spool" / "gw-2", new_lifetime()
+    spool.mkdir(parents=True)
+    segment_path(spool, lifetime, 1).write_bytes(b"")  # being appended to: conversion has no work
+    assert not conversion_waiting(tmp_path)
+    waiting = segment_path(spool, lifetime, 2)
+    waiting.write_bytes(b"")
+    assert conversion_waiting(tmp_path)
+    report = compact_levels(tmp_path, part, fanout=4, yield_to=lambda: conversion_waiting(tmp_path))
+    assert report["yielded"] and report["files_in"] == 0 and len(visible_files(part)) == 4
+    compactor, looks = Compactor(tmp_path, fanout=4), []
+    compactor._conversion_waiting = lambda: looks.append(conversion_waiting(tmp_path)) or looks[-1]
+    try:
+        compactor.wrote([part])
+        deadline = time.monotonic() + 30
+        while len(looks) < 3:  # it looked three times, gave way each time
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert len(visible_files(part)) == 4
+        waiting.unlink()  # converted
+        while len(visible_files(part)) != 1:
+            assert time.monotonic() < deadline, looks
+            time.sleep(0.05)
+    finally:
+        compactor.close()
+    assert looks[:3] == [True] * 3 and looks[-1] is False
+    assert stored(tmp_path) == {"n": 20, "ids": 20}
