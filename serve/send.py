@@ -78,12 +78,13 @@ async def _send(pool: UpstreamPool, attempt: Attempt, first_token_timeout_s: flo
     finally:
         upstream.close()
     err = upstream_error(upstream.status, text)
-    if upstream.status == 404:
+    if upstream.status in (404, 503):
         # the gateway asked for the model by the name the deployment serves it under, so "not
         # found" is the deployment's state, not the request's: no worker of it lists the model
         # right now (its only worker left discovery and is being restarted; an adapter not yet
         # loaded again). A 503 the client may retry, or the next deployment, not a 404 that says
-        # the model does not exist.
+        # the model does not exist. Dynamo says 503 "not ready to serve requests yet" itself while
+        # a P/D graph's prefill worker restarts: the same, not a 502 "bad gateway".
         model = attempt.rewrite.upstream_body.get("model")
         message = f"deployment {dep.name!r} has no worker serving `{model}` right now ({err.message}); retry shortly"
         unavailable = APIError(503, message, type="server_error", code="model_unavailable")

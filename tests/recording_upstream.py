@@ -37,8 +37,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.seen.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
         if self.server.hold_marker and self.server.hold_marker in body:
             self.server.release.wait(30)
-        if self.server.model_gone:
+        if self.server.model_gone == 404:
             return self._json(404, b'{"message":"Model not found","type":"Not Found","code":404}')
+        if self.server.model_gone == 503:
+            not_ready = b"Model `tiny` is not ready to serve requests yet. Please retry shortly."
+            return self._json(503, b'{"message":"' + not_ready + b'","type":"Service Unavailable","code":503}')
         if self.server.dead_pin and "x-dynamo-session-id" in self.headers:
             return self._json(500, b'{"message":"Failed to generate completions: no endpoints available to route work"}')
         answer = {**(CHAT if self.path.endswith("/chat/completions") else TEXT), **self.server.extra}
@@ -63,7 +66,7 @@ class RecordingUpstream:
     ``extra`` are added to every answer; ``hold(marker)`` keeps requests containing ``marker``
     unanswered until ``release`` is set; ``dead_pin``: a session's request is answered 500, as
     Dynamo answers one pinned to a dead worker that is still registered; ``model_gone``: every
-    completion is answered 404, as Dynamo's frontend answers once no worker lists the model."""
+    completion is answered that status (``lose_the_model``)."""
 
     def __init__(self):
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -72,15 +75,17 @@ class RecordingUpstream:
         self._server.hold_marker = None  # bytes: a request containing them waits for ``release``
         self._server.release = self.release = threading.Event()
         self._server.dead_pin = False
-        self._server.model_gone = False
+        self._server.model_gone = None
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     def pin_to_a_dead_worker(self) -> None:
         self._server.dead_pin = True
 
-    def lose_the_model(self) -> None:
-        self._server.model_gone = True
+    def lose_the_model(self, status: int = 404) -> None:
+        """Answer every completion ``status``: 404 as Dynamo's frontend does once no worker lists
+        the model, 503 as it does while a P/D graph lists its decode worker but not its prefill one."""
+        self._server.model_gone = status
 
     def hold(self, marker: bytes) -> None:
         self._server.hold_marker = marker

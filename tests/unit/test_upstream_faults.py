@@ -76,10 +76,10 @@ def test_a_malformed_stream_event_is_the_deployments_failure_everywhere(upstream
     assert len(rows) == 1 and "malformed" in rows[0]["error"] and rows[0]["response_content"] == "hel"
 
 
-@pytest.fixture
-def gone_and_serving():
+@pytest.fixture(params=[404, 503])
+def gone_and_serving(request):
     gone, serving = RecordingUpstream(), RecordingUpstream()
-    gone.lose_the_model()
+    gone.lose_the_model(request.param)
     yield gone.url, serving.url
     gone.stop()
     serving.stop()
@@ -87,7 +87,8 @@ def gone_and_serving():
 
 def test_a_deployment_answering_model_not_found_is_unavailable_for_now_not_a_404(gone_and_serving, tmp_path):
     """The gateway asked for the model by its served name: the deployment has no worker for it
-    right now. The next deployment serves the request; with none, a retryable 503."""
+    right now (404), or says itself it is not ready (503). The next deployment serves the
+    request; with none, a retryable 503 (not a 502)."""
     gone, serves = gone_and_serving
     cfg = GatewayConfig(
         deployments=[Deployment(name="gone", url=gone), Deployment(name="serves", url=serves)],
