@@ -94,6 +94,13 @@ class WorkerConfig(StrictModel):
         description="disaggregated: NIXL's UCX progress thread waits this long for an "
         "event before it looks again (NIXL's own 0 spins a core per worker)",
     )
+    execute_model_timeout_s: int = Field(
+        300,
+        gt=0,
+        description="vLLM: an engine step still running after this is taken for a hang, the engine "
+        "exits and the supervisor restarts the worker (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, vLLM's 300 "
+        "by default: a long prefill of a big model on CPU takes minutes)",
+    )
     block_size: int = Field(32, description="KV block; vLLM-CPU attention needs a multiple of 32")
     speedup_ratio: float = Field(1.0, description="mocker only: simulated time runs this much faster")
     max_lora_rank: int = 16

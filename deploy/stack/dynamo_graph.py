@@ -210,6 +210,7 @@ def _vllm_worker(cfg: StackConfig, i: int, env: dict[str, str]) -> Component:
             # core slowed a blue-green start beside the serving graph to a standstill)
             "VLLM_CPU_OMP_THREADS_BIND": str((i + cfg.core_offset) % (os.cpu_count() or 1)),
             "VLLM_CPU_KVCACHE_SPACE": str(w.kv_cache_gib),
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(w.execute_model_timeout_s),
             "VLLM_HOST_IP": cfg.worker_address(i),
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(w.nixl_port_base + i),
             "DYN_LORA_ENABLED": "true",
