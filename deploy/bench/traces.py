@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from deploy.stack.processes import cpu_seconds
 from traces.prefix import PrefixEncoder
 from traces.schema import SCHEMA_VERSION, SPOOL_HEADER, check_record, rows_to_table, to_row
+from traces.housekeeping import partitions, visible_files
 from traces.spool import frame, read_segment
 from traces.store import TraceStore
 from traces.mover import partition_of, read_rows
@@ -143,6 +144,24 @@ def drain(writer: TraceWriter, root: Path, t0: float, rows: int) -> tuple[float,
     return caught_up_s, store, mover_cpu_s
 
 
+def files_open(root: Path) -> int:
+    """The files a query of the whole store opens now."""
+    return sum(len(visible_files(part)) for part in partitions(root))
+
+
+def settle_compaction(root: Path, quiet_s: float = 60.0, timeout: float = 900.0) -> tuple[int, float]:
+    """Wait until the compactor has merged nothing for ``quiet_s``: the files a query then opens
+    and the seconds until the last change. After a sustained offer that left it no idle core, it
+    merges each level's files all at once: one merge of a few million rows takes tens of seconds."""
+    t0 = last_change = time.monotonic()
+    files = files_open(root)
+    while time.monotonic() - last_change < quiet_s and time.monotonic() - t0 < timeout:
+        time.sleep(0.2)
+        if (now_files := files_open(root)) != files:
+            files, last_change = now_files, time.monotonic()
+    return files, round(last_change - t0, 1)
+
+
 def backlog_trend(timeline: list[tuple]) -> float:
     """MB per minute the spool's backlog grows over the second half of the offer, fitted by
     least squares: a segment converted or sealed moves one sample by ~40 MB, the fit does not
@@ -178,14 +197,22 @@ def sustained(
                 sent += 1
             pin_mover(writer)
             if now >= next_second:
-                timeline.append((round(now - t0, 1), sent, writer.spool.durable_count, writer.spool.bytes_on_disk()))
+                spooled = writer.spool.bytes_on_disk()
+                timeline.append((round(now - t0, 1), sent, writer.spool.durable_count, spooled, files_open(root)))
                 next_second += 1
             if sent >= due:
                 time.sleep(0.001)
         offered_s = time.perf_counter() - t0
         writer.wait_durable(sent - 1, timeout=None)
         acked_s = time.perf_counter() - t0
+        settled = None
+        if compact_fanout:  # the merges the conversion held back, once it has caught up
+            writer.flush(timeout=600)
+            converted_s = time.perf_counter() - t0
+            settled = settle_compaction(root)
         caught_up_s, _, mover_cpu_s = drain(writer, root, t0, sent)
+        if compact_fanout:
+            caught_up_s = converted_s
         return {
             "mover": mover,
             "compact_fanout": compact_fanout,
@@ -201,7 +228,10 @@ def sustained(
             # the mover child's own CPU per row: the rate its core could convert at
             "mover_cpu_us_per_row": round(mover_cpu_s / sent * 1e6, 2) if mover_cpu_s else None,
             "mover_ceiling_rows_per_s": round(sent / mover_cpu_s) if mover_cpu_s else None,
-            "timeline_s_sent_acked_spool_bytes": timeline,
+            "files_a_query_opens_max": max(t[4] for t in timeline),
+            "files_a_query_opens_end_of_offer": timeline[-1][4],
+            "files_a_query_opens_and_seconds_once_compaction_caught_up": settled,
+            "timeline_s_sent_acked_spool_bytes_files": timeline,
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -302,7 +332,7 @@ def _hour_compacted(n_files: int, per_file: int, every_s: float, at_5_min: int, 
     (a merge's inputs stay a while), the merges' time, the rows and bytes they rewrote over those
     stored; then every row read back once. The bench's rows repeat, so a big file takes far fewer
     bytes a row than a small one: the rows are the fairer measure of the work."""
-    from traces.housekeeping import data_files, visible_files
+    from traces.housekeeping import data_files
 
     rng = random.Random(0)
     pool = [chat_record(i, rng, 150, 50) for i in range(2000)]

@@ -126,7 +126,13 @@ def test_a_compaction_under_way_elsewhere_is_waited_for_not_joined(tmp_path):
         report = doctor(tmp_path)
         assert report["compacting"] and report["interrupted_compactions"] == []
     (part / "_compaction.json").unlink()
-    assert compact_levels(tmp_path, part, fanout=4) == {"partitions": 1, "files_in": 4, "files_out": 1, "rows": 20, "yielded": False}
+    assert compact_levels(tmp_path, part, fanout=4) == {
+        "partitions": 1,
+        "files_in": 4,
+        "files_out": 1,
+        "rows": 20,
+        "yielded": False,
+    }
     assert [level_of(f.name) for f in visible_files(part)] == [1]
     report = doctor(tmp_path)  # the merge's inputs, kept for a while, are not a problem either
     assert report["compacting"] is False and report["interrupted_compactions"] == [] and report["rows"] == 40
