@@ -4,17 +4,49 @@ verifiers' stock ``null`` harness runs the loop as a separate program that ``uv`
 first use; this one needs nothing installed at run time. It talks to the endpoint verifiers
 gives it (its interception server, which forwards to the gateway and records the trace),
 calls the task's MCP tools when the model asks, and stops when the model answers without a
-tool call or the server ends the rollout (max turns).
+tool call or the server ends the rollout (max turns). A turn the gateway refused for now (429,
+503 while a worker restarts) or a deployment failed (5xx, which the interception server passes
+on) is sent again a few times; 409 and 400 are the server ending the rollout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from contextlib import AsyncExitStack
 
 import verifiers.v1 as vf
 from openai import APIStatusError, AsyncOpenAI
 from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
+
+
+log = logging.getLogger(__name__)
+RETRIED = (429, 500, 502, 503, 504)
+TRIES = 4
+MAX_WAIT_S = 10.0
+
+
+async def complete(client: AsyncOpenAI, **request):
+    """One chat turn, sent up to ``TRIES`` times while it is answered one of ``RETRIED`` (after
+    the response's ``Retry-After``, else 0.5, 1, 2 s); None once the rollout has ended."""
+    for attempt in range(TRIES):
+        try:
+            return await client.chat.completions.create(**request)
+        except APIStatusError as exc:
+            if exc.status_code not in RETRIED:  # the interception server ended the rollout (max turns)
+                return None
+            if attempt == TRIES - 1:
+                log.warning("rollout ends: its turn was answered %s %d times", exc.status_code, TRIES)
+                return None
+            await asyncio.sleep(_wait_s(exc, attempt))
+
+
+def _wait_s(exc: APIStatusError, attempt: int) -> float:
+    try:
+        return min(float(exc.response.headers["retry-after"]), MAX_WAIT_S)
+    except (KeyError, ValueError):
+        return 0.5 * 2**attempt
 
 
 class InProcessHarness(vf.Harness[vf.HarnessConfig]):
@@ -38,11 +70,8 @@ class InProcessHarness(vf.Harness[vf.HarnessConfig]):
                 }
                 tools, dispatch, servers = (await connect_mcp(servers_cfg, stack)) if mcp_urls else ([], {}, {})
                 while True:
-                    try:
-                        resp = await client.chat.completions.create(
-                            model=ctx.model, messages=messages, **({"tools": tools} if tools else {})
-                        )
-                    except APIStatusError:  # the interception server ended the rollout (max turns)
+                    resp = await complete(client, model=ctx.model, messages=messages, **({"tools": tools} if tools else {}))
+                    if resp is None:
                         break
                     msg = resp.choices[0].message
                     messages.append(msg.model_dump(exclude_none=True))
