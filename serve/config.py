@@ -339,9 +339,8 @@ class GatewayConfig(StrictModel):
         None,
         ge=2,
         description="merge a partition's files as they are written, each level's this many into one of the next, "
-        "in the mover's process (traces/compactor.py); 8 keeps them few. Off by default: beside the mover it "
-        "took conversion from 50,000 to 32,500 rows/s (deploy/bench/traces.py --sustained). None: only "
-        "`flywheel traces compact` merges them",
+        "in the mover's process (traces/compactor.py), yielding to the conversion at idle priority; 8 keeps them "
+        "few. None (the default, until a CI run with it on everywhere): only `flywheel traces compact` merges them",
     )
     trace_spool_limit_mb: int = Field(
         2048, ge=1, description="spool not yet in Parquet past this: new requests get 503 trace_store_behind"
