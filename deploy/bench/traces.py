@@ -205,14 +205,13 @@ def sustained(
         offered_s = time.perf_counter() - t0
         writer.wait_durable(sent - 1, timeout=None)
         acked_s = time.perf_counter() - t0
-        settled = None
+        converted_s = settled = None
         if compact_fanout:  # the merges the conversion held back, once it has caught up
             writer.flush(timeout=600)
             converted_s = time.perf_counter() - t0
             settled = settle_compaction(root)
-        caught_up_s, _, mover_cpu_s = drain(writer, root, t0, sent)
-        if compact_fanout:
-            caught_up_s = converted_s
+        drained_s, _, mover_cpu_s = drain(writer, root, t0, sent)
+        caught_up_s = converted_s or drained_s  # not the wait for the merges
         return {
             "mover": mover,
             "compact_fanout": compact_fanout,

@@ -10,6 +10,7 @@ test's traffic on one stack here). The engine then exits after ``worker.execute_
 before its first token meanwhile is sent again, as a client that retries would, and only if a
 worker was indeed restarted."""
 
+import itertools
 import json
 import random
 import time
@@ -53,7 +54,7 @@ def stream_retrying(url: str, key: str, session: str, prompt: str, max_tokens: i
     """:func:`stream`, sent again while it is answered 503 before its first token (a worker
     restarting); the result says how many times it was sent."""
     deadline = time.monotonic() + RETRY_FOR_S
-    for sent in range(1, 1000):
+    for sent in itertools.count(1):
         result = stream(url, key, session, prompt, max_tokens)
         if not str(result.get("error", "")).startswith("HTTP 503") or time.monotonic() > deadline:
             return {**result, "sent": sent}
