@@ -143,9 +143,6 @@ class Compactor:
             self._con.interrupt()
             self._thread.join(timeout=timeout)
 
-    def _conversion_waiting(self) -> bool:
-        return conversion_waiting(self.root)
-
     def _run(self) -> None:
         # the merges run on this thread (DuckDB with one thread runs a query on its caller's):
         # at idle priority they take only what the conversion and the gateway leave of a core
@@ -158,7 +155,15 @@ class Compactor:
             elif not self._wake.wait(timeout=KEEP_INPUTS_S if self._keeping else None):
                 self.wrote(self._keeping)  # quiet since: what was kept may go now
             self._wake.clear()
-            yielded = False
+            if self._closing:
+                return
+            # asked first, and again before each merge: under load most looks end here, without the
+            # lock, the journals' recovery and the levels' listing that compact_levels starts with
+            with self._lock:
+                waiting = bool(self._pending)
+            yielded = waiting and conversion_waiting(self.root)
+            if yielded:
+                continue  # the partitions stay pending
             with self._lock:
                 parts, self._pending = self._pending, set()
             for part in sorted(parts):
@@ -166,7 +171,12 @@ class Compactor:
                     return
                 try:
                     report = compact_levels(
-                        self.root, part, self.fanout, self.max_file_bytes, self._con, yield_to=self._conversion_waiting
+                        self.root,
+                        part,
+                        self.fanout,
+                        self.max_file_bytes,
+                        self._con,
+                        yield_to=lambda: conversion_waiting(self.root),
                     )
                 except Exception as exc:
                     if not self._closing:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from traces import compactor as compactor_module
 from traces.compactor import Compactor, compact_levels, conversion_waiting, level_of
 from traces.housekeeping import JOURNALS, data_files, doctor, housekeeping_lock, partitions, visible_files
 from traces.spool import new_lifetime, segment_path
@@ -138,7 +139,7 @@ def test_a_compaction_under_way_elsewhere_is_waited_for_not_joined(tmp_path):
     assert report["compacting"] is False and report["interrupted_compactions"] == [] and report["rows"] == 40
 
 
-def test_the_compactor_gives_way_while_a_segment_waits_for_conversion_and_merges_once_none_does(tmp_path):
+def test_the_compactor_gives_way_while_a_segment_waits_for_conversion_and_merges_once_none_does(tmp_path, monkeypatch):
     """Conversion first: while a writer's spool holds a segment besides the one it appends to, no
     merge starts (beside the conversion they cut its throughput by a third); once converted, the
     compactor merges."""
@@ -152,8 +153,9 @@ def test_the_compactor_gives_way_while_a_segment_waits_for_conversion_and_merges
     assert conversion_waiting(tmp_path)
     report = compact_levels(tmp_path, part, fanout=4, yield_to=lambda: conversion_waiting(tmp_path))
     assert report["yielded"] and report["files_in"] == 0 and len(visible_files(part)) == 4
-    compactor, looks = Compactor(tmp_path, fanout=4), []
-    compactor._conversion_waiting = lambda: looks.append(conversion_waiting(tmp_path)) or looks[-1]
+    looks = []
+    monkeypatch.setattr(compactor_module, "conversion_waiting", lambda root: looks.append(conversion_waiting(root)) or looks[-1])
+    compactor = Compactor(tmp_path, fanout=4)
     try:
         compactor.wrote([part])
         deadline = time.monotonic() + 30
