@@ -2,10 +2,14 @@
 
     .venv/bin/flywheel up -p sim && .venv/bin/python -m deploy.bench.freshness [--rate 100 --seconds 20]
 
-Open-loop unary requests through the gateway at a fixed rate; a reader polls the store (a new
-``TraceStore`` per look, as `flywheel sql` and `/v1/traces/query` open one) for the trace ids
-that came back. Freshness of a row = the time it was first seen by SQL minus the time its
-response arrived. Prints p50 / p99 / max and how many rows were never seen.
+Open-loop unary requests through the gateway at a fixed rate; a reader in a process of its own
+(as a data team's client is; beside the load generator it waited for the GIL) polls the store (a
+new ``TraceStore`` per look, as `flywheel sql` and `/v1/traces/query` open one) for the trace ids
+that came back. Freshness of a row = the time the first look that saw it took its snapshot of the
+store (the row was queryable by then) minus the time its response arrived; ``seen_by_query_s`` also
+counts that look's own time, until its answer was in hand (the reader's latency, which grows with
+the files a look opens). Prints p50 / p99 / max of both, the looks' durations, and how many rows
+were never seen.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import threading
+import multiprocessing
 import time
 from collections import deque
+from datetime import datetime, timezone
 
 from deploy.bench import pct
 from deploy.bench.raw_client import RawConnection, connect, post_bytes
@@ -57,14 +62,31 @@ async def load(gateway: str, rate: float, seconds: float, answered: dict[str, fl
     return tally["errors"] + tally["pending"]
 
 
-def watch(root, answered: dict[str, float], seen: dict[str, float], stop: threading.Event) -> None:
+def watch(root, since: datetime, ready, stop, results) -> None:
+    """Look every 0.05 s for the rows received since ``since``, ``ready`` set after the first look
+    (a new process's first one takes seconds: the load waits for it), until ``stop``; then put on
+    ``results`` when each was first seen, id -> (the look's snapshot, its answer; monotonic
+    seconds, one clock for every process), and how long each look took."""
+    seen, looks = {}, []
     while not stop.is_set():
-        ids = TraceStore(root).sql("SELECT trace_id FROM traces WHERE time_received > now() - INTERVAL 10 MINUTE")
+        snapshot = time.monotonic()  # a new store lists its files when made
+        ids = TraceStore(root).sql("SELECT trace_id FROM traces WHERE time_received >= $1", params=[since])
         now = time.monotonic()
+        looks.append(now - snapshot)
+        ready.set()
         for tid in ids.column("trace_id").to_pylist():
-            if tid in answered and tid not in seen:
-                seen[tid] = now
+            seen.setdefault(tid, (snapshot, now))
         time.sleep(0.05)
+    results.put((seen, looks))
+
+
+def spread(values: list[float]) -> dict:
+    values = sorted(values)
+    return {
+        "p50": round(pct(values, 0.5), 3),
+        "p99": round(pct(values, 0.99), 3),
+        "max": round(values[-1], 3) if values else None,
+    }
 
 
 def main() -> None:
@@ -77,16 +99,19 @@ def main() -> None:
     args = ap.parse_args()
     cfg = load_config(args.profile, args.overrides)
     gw = cfg.resolved_gateway()
-    answered, seen, stop = {}, {}, threading.Event()
-    reader = threading.Thread(target=watch, args=(cfg.traces_path, answered, seen, stop), daemon=True)
+    spawn = multiprocessing.get_context("spawn")
+    answered, ready, stop, results = {}, spawn.Event(), spawn.Event(), spawn.Queue()
+    since = datetime.now(timezone.utc)
+    reader = spawn.Process(target=watch, args=(cfg.traces_path, since, ready, stop, results), daemon=True)
     reader.start()
+    if not ready.wait(timeout=60):
+        raise SystemExit("the reader could not query the store within 60 s")
     errors = asyncio.run(load(gw.url, args.rate, args.seconds, answered))
-    deadline = time.monotonic() + args.grace
-    while len(seen) < len(answered) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    time.sleep(args.grace)  # the reader sees what it can meanwhile; only answered ids count
     stop.set()
+    seen, looks = results.get(timeout=60)
     reader.join()
-    lag = sorted(seen[t] - answered[t] for t in seen)
+    seen = {tid: at for tid, at in seen.items() if tid in answered}
     print(
         json.dumps(
             {
@@ -95,11 +120,9 @@ def main() -> None:
                 "answered": len(answered),
                 "errors": errors,
                 "never_seen": len(answered) - len(seen),
-                "freshness_s": {
-                    "p50": round(pct(lag, 0.5), 3),
-                    "p99": round(pct(lag, 0.99), 3),
-                    "max": round(lag[-1], 3) if lag else None,
-                },
+                "freshness_s": spread([seen[t][0] - answered[t] for t in seen]),
+                "seen_by_query_s": spread([seen[t][1] - answered[t] for t in seen]),
+                "look_s": spread(looks),
             },
             indent=2,
         )
