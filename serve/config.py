@@ -327,20 +327,21 @@ class GatewayConfig(StrictModel):
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = Field(
-        1.0,
+        0.1,
         gt=0,
         description="a spool segment is converted to Parquet once this old: a row is queryable about this long "
-        "after its answer; shorter makes more files (see trace_compact_fanout)",
+        "after its answer (p99 under 1 s at 1,000 req/s on sim; 0.25 was not after an up); shorter makes more "
+        "files, which trace_compact_fanout merges",
     )
     trace_mover: Literal["process", "thread"] = Field(
         "process", description="convert the spool to Parquet in a child process (off the request core) or a thread"
     )
     trace_compact_fanout: int | None = Field(
-        None,
+        8,
         ge=2,
         description="merge a partition's files as they are written, each level's this many into one of the next, "
-        "in the mover's process (traces/compactor.py), yielding to the conversion at idle priority; 8 keeps them "
-        "few. None (the default, until a CI run with it on everywhere): only `flywheel traces compact` merges them",
+        "in the mover's process (traces/compactor.py), yielding to the conversion at idle priority. null (--set ...=null): only "
+        "`flywheel traces compact` merges them (a query then opens every file the flush age made)",
     )
     trace_spool_limit_mb: int = Field(
         2048, ge=1, description="spool not yet in Parquet past this: new requests get 503 trace_store_behind"
