@@ -93,15 +93,21 @@ def manifests(
 
 def down(profile: str = ProfileOpt, set_: Optional[list[str]] = SetOpt):
     """Stop exactly the processes `flywheel up` started (by PID file)."""
-    from deploy.stack.launcher import down as stop
+    from deploy.stack.launcher import down as stop, running_elsewhere
     from deploy.stack.netns import NetnsError
 
+    cfg = _config(profile, set_)
     try:
-        stopped = stop(_config(profile, set_))
+        stopped = stop(cfg)
     except NetnsError as exc:
         console.print(f"[red]cannot remove the hosts:[/] {exc}")
         raise typer.Exit(2)
-    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+    if stopped:
+        console.print(f"stopped: {', '.join(stopped)}")
+        return
+    others = running_elsewhere(cfg)
+    hint = "; ".join(f"profile {name} is up: flywheel down -p {name}" for name in others)
+    console.print(f"stopped: nothing was running in {cfg.home_path}" + (f" ({hint})" if hint else ""))
 
 
 def status(

@@ -21,7 +21,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from deploy.stack.adapters import reload_adapters
 from deploy.stack import host_tier
-from deploy.stack.config import StackConfig
+from deploy.stack.config import PROFILES_DIR, StackConfig, load_config
 from deploy.stack.dynamo_graph import deployment_components
 from deploy.stack.etcd_server import etcd_component
 from deploy.stack.graphs import graph_processes
@@ -237,6 +237,24 @@ def down(cfg: StackConfig) -> list[str]:
     if cfg.hosts.enabled:
         netns.remove(cfg.hosts)
     return stopped
+
+
+def running_elsewhere(cfg: StackConfig) -> list[str]:
+    """The stock profiles whose stack has a live process in a home other than ``cfg``'s (one
+    name per home): what a `down` that found nothing to stop points to."""
+    homes: dict[Path, str] = {}
+    for path in sorted(PROFILES_DIR.glob("*.toml")):
+        try:
+            other = load_config(path.stem)
+        except ValueError:
+            continue
+        run_dir = other.run_dir
+        if run_dir == cfg.run_dir or run_dir in homes:
+            continue
+        pm = ProcessManager(run_dir)
+        if any(pm.pid(pid_file.stem) for pid_file in run_dir.glob("*.pid")):
+            homes[run_dir] = path.stem
+    return list(homes.values())
 
 
 def status(cfg: StackConfig) -> list[dict]:
