@@ -88,8 +88,10 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
     forwarder = Forwarder(config, routes, writer, admission, breakers, Affinity(state), metrics, dedicated)
     files, batches = FileStore(config.traces_dir, config.batch.file_ttl_s), BatchStore(config.traces_dir)
     queries = QueryPool(config.query, config.query_timeout_s, trace_query.spill_root(config))
-    # a turn another replica answered reaches the store's files within a flush or two
-    limits, wait_s = trace_query.QueryLimits.of(config), 2 + 3 * config.trace_flush_age_s
+    # a turn another replica answered reaches the store's files within a flush or two, and a few
+    # seconds when the host is busy: not less than the 5 s the 1 s flush age gave (only a turn
+    # found nowhere waits that long, before its 404)
+    limits, wait_s = trace_query.QueryLimits.of(config), max(5.0, 2 + 3 * config.trace_flush_age_s)
     conversations = Conversations(config.traces_dir, queries, limits, wait_s)
     return GatewayParts(
         config=config,

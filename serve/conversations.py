@@ -3,7 +3,7 @@
 The store is the record: the earlier turn's trace row holds its chat messages, its output and
 the client's own request, so a conversation survives a gateway restart and is the same through
 every replica. A turn this replica has just answered is kept in memory too (the row reaches the
-store's Parquet files a second or so after its answer, ``trace_flush_age_s``); a turn found in
+store's Parquet files a fraction of a second after its answer, ``trace_flush_age_s``); a turn found in
 neither is looked for in the store until ``wait_s`` have passed, since another replica may have
 answered it a moment ago.
 
