@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -165,7 +166,7 @@ def test_up_on_a_half_dead_stack_starts_only_what_is_missing(healing):
 
 
 def _fill(path):
-    """Fill the disk up: whatever room there is (the mover frees pages as it converts) is taken."""
+    """Fill the disk up: whatever room there is is taken."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         while os.write(fd, b"\0" * 65536):
@@ -176,6 +177,28 @@ def _fill(path):
         os.close(fd)
 
 
+@contextmanager
+def kept_full(path):
+    """The disk full for the whole block: the mover frees a segment's pages a tenth of a second
+    after its rows came (trace_flush_age_s), so it is filled again every millisecond."""
+    stop = threading.Event()
+
+    def keep() -> None:
+        while not stop.is_set():
+            _fill(path)
+            stop.wait(0.001)
+
+    _fill(path)
+    filler = threading.Thread(target=keep, daemon=True)
+    filler.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        filler.join()
+        path.unlink()
+
+
 def test_a_full_or_read_only_spool_fails_requests_cleanly_and_the_gateway_recovers(healing):
     spool = healing.traces_path / "_spool"
     acked = []
@@ -183,14 +206,11 @@ def test_a_full_or_read_only_spool_fails_requests_cleanly_and_the_gateway_recove
         code, tid = chat(healing, 2000 + i, stream=i % 2 == 0)
         assert code == 200
         acked.append(tid)
-    filler = spool / "filler"
-    _fill(filler)
     refused, kinds = [], set()
-    try:
+    with kept_full(spool / "filler"):
         # the open segment's last page may still take a record, and a converted segment frees
         # its pages: whatever succeeds is acknowledged and must be kept, whatever fails is refused
         for i in range(30):
-            _fill(filler)  # full again right now, whatever the mover freed since
             stream = i % 2 == 1
             body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "stream": stream}
             r = httpx.post(f"{url(healing)}/v1/chat/completions", json=body, timeout=60)
@@ -209,8 +229,6 @@ def test_a_full_or_read_only_spool_fails_requests_cleanly_and_the_gateway_recove
             kinds.add(stream)
             if len(refused) >= 6:
                 break
-    finally:
-        filler.unlink()
     assert kinds == {True, False} and len(refused) >= 6, "a full spool disk did not refuse requests"
     for i in range(4):  # the disk has room again: so does the gateway, with no restart
         code, tid = chat(healing, 2100 + i, stream=i % 2 == 0)
