@@ -160,8 +160,8 @@ class Compactor:
             # asked first, and again before each merge: under load most looks end here, without the
             # lock, the journals' recovery and the levels' listing that compact_levels starts with
             with self._lock:
-                waiting = bool(self._pending)
-            yielded = waiting and conversion_waiting(self.root)
+                pending = bool(self._pending)
+            yielded = pending and conversion_waiting(self.root)
             if yielded:
                 continue  # the partitions stay pending
             with self._lock:
