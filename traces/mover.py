@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from traces.compactor import Compactor
 from traces.files import private_dirs, seal
-from traces.schema import rows_to_table
+from traces.schema import SPOOL_HEADER, rows_to_table, to_row
 from traces.spool import converted_name, read_segment
 
 _LENGTH = struct.Struct("<I")
@@ -129,8 +129,8 @@ def _receive(stream):
 
 
 class MoverProcess:
-    """One child process that converts segments, one at a time, for one writer; started on the
-    first conversion and again after it died (the segment it was on is tried again)."""
+    """One child process that converts segments, one at a time, for one writer; started with the
+    writer (``start``) and again after it died (the segment it was on is tried again)."""
 
     def __init__(self) -> None:
         self._child: subprocess.Popen | None = None
@@ -139,15 +139,20 @@ class MoverProcess:
     def pid(self) -> int | None:
         return self._child.pid if self._child is not None and self._child.poll() is None else None
 
+    def start(self) -> None:
+        """Start the child now unless it runs. Started on the first segment instead, its start and
+        warm-up (~0.4 s idle, over 1 s on a loaded host) delayed the first rows after every ``up``."""
+        if self.pid is None:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "traces.mover"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
+            )
+
     def convert(
         self, root: Path, instance: str, segment: Path, want_ids: bool, compact_fanout: int | None = None
     ) -> tuple[int, list[Output]]:
         """Convert ``segment``; with ``compact_fanout``, the child then compacts the partitions it
         wrote to on a thread of its own (``traces/compactor.py``)."""
-        if self._child is None or self._child.poll() is not None:
-            self._child = subprocess.Popen(
-                [sys.executable, "-m", "traces.mover"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
-            )
+        self.start()
         try:
             _send(self._child.stdin, [str(root), instance, str(segment), want_ids, compact_fanout])
             reply = _receive(self._child.stdout)
@@ -177,6 +182,14 @@ class MoverProcess:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+
+
+def warm_up() -> None:
+    """Convert one row in memory: the first conversion of a process loads pyarrow's kernels and
+    the zstd codec (~0.3 s), time a segment waiting for it would spend late."""
+    table = rows_to_table(SPOOL_HEADER["fields"], [to_row({"trace_id": "warm-up", "gen_ai_request_model": "warm-up"})])
+    for _, rows in partitions(table):
+        pq.write_table(rows, pa.BufferOutputStream(), compression="zstd")
 
 
 def serve(requests, replies) -> None:
@@ -210,4 +223,5 @@ if __name__ == "__main__":
     # replies on a descriptor of their own: anything a library prints goes to stderr, not into them
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    warm_up()
     serve(sys.stdin.buffer, replies)

@@ -57,6 +57,8 @@ class TraceWriter:
         self.root, self.instance = Path(root), instance
         self.on_converted = on_converted
         self.mover_process = MoverProcess() if mover == "process" else None
+        if self.mover_process is not None:
+            self.mover_process.start()
         self.compact_fanout = compact_fanout
         self.max_age_s = max_age_s
         private_dirs(self.root)
