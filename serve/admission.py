@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from serve import json_codec
 from serve.batch.lanes import InteractiveSignal
 from serve.config import GatewayConfig, Price, TeamLimits
-from serve.errors import APIError, CapacityExceeded
-from serve.ledger import Ledger, Reservation, Want, reserve_together, settle_together
+from serve.errors import APIError, BudgetUncheckable, CapacityExceeded
+from serve.ledger import CutOff, Ledger, Reservation, Want, reserve_together, settle_together
 from serve.rate_window import RateWindow, WindowCheck
 from serve.shared_state import SharedState
 
@@ -91,7 +91,7 @@ class Admission:
         a = config.admission
         self.leases = Ledger(state, "fw:lease", a.lease_ttl_s)
         self.batch_leases = Ledger(state, "fw:batch-lease", a.lease_ttl_s)
-        self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s, persist=config.spend_file)
+        self.budgets = Ledger(state, "fw:budget", a.lease_ttl_s, persist=config.spend_file, guarded=True)
         self.rates = RateWindow(state, "fw:rate", RATE_WINDOW_S)
         self.running = Ledger(state, "fw:running", a.lease_ttl_s)
         # a team's dedicated replica time (a: replica-milliseconds, b: micro-USD), also in its budget
@@ -120,7 +120,16 @@ class Admission:
         ``demand_of``: the dedicated deployment that spilled this request to ``deployment``; it
         is counted in that one's demand (:meth:`spilled`) while it runs, so its autoscaler sees it.
         ``charged`` False: the platform's own copy (a shadow arm's): a lease on the deployment, nothing on the team."""
-        admitted = await self._admit(deployment, team, model, body, batch, worst, charged)
+        waited = 0.0
+        while True:
+            try:
+                admitted = await self._admit(deployment, team, model, body, batch, worst, charged)
+                break
+            except CutOff as cut:  # this replica lost Redis: the team's budget is not yet its to spend alone
+                if cut.wait_s is None or waited + cut.wait_s > 2 * self.state.alone_after_s:
+                    raise BudgetUncheckable(team, self.state.retry_s) from None
+                await asyncio.sleep(cut.wait_s)  # Redis is tried again meanwhile (retry_s)
+                waited += cut.wait_s
         if demand_of is not None:
             admitted.demand = self.leases.reserve(demand_of + OVERFLOW, _rid("d-"), 0, 0, (NO_LIMIT, NO_LIMIT, NO_LIMIT))
         return admitted

@@ -77,7 +77,7 @@ def build_parts(config: GatewayConfig, writer: TraceWriter | None = None) -> Gat
         compact_fanout=config.trace_compact_fanout,
     )
     keys = KeyStore(config.keys_file) if config.keys_file else None
-    state = SharedState(config.redis_url, replica=config.instance_name)
+    state = SharedState(config.redis_url, replica=config.instance_name, alone_after_s=config.admission.budget_alone_after_s)
     routes = RouteTable(config.models, state, config.routes_file)
     admission = Admission(config, state)
     dedicated = Deployments(config, state, routes, admission)

@@ -103,6 +103,13 @@ class AdmissionConfig(StrictModel):
     lease_ttl_s: float = Field(10.0, description="a dead replica's leases lapse after this")
     queue_limit: int = Field(256, description="requests waiting for capacity per deployment and replica")
     max_queue_wait_s: float = Field(5.0, description="then 429 with Retry-After")
+    budget_alone_after_s: float = Field(
+        3.0,
+        gt=0,
+        description="with Redis: a replica that lost it spends its share of a team's budget on its own only after this "
+        "long (its budget requests wait meanwhile); longer than the 2 s retry, so a timeout on a busy host is tried "
+        "again first (the other replicas may still be spending that budget through Redis)",
+    )
 
 
 class BreakerConfig(StrictModel):

@@ -75,6 +75,22 @@ class CapacityExceeded(APIError):
         self.headers = {"Retry-After": str(retry_after_s)}
 
 
+class BudgetUncheckable(APIError):
+    """503 ``budget_uncheckable``: this replica cannot reach Redis, and may not spend the team's
+    budget on its own (it never saw that budget, or it has been cut off too long): the other
+    replicas may be spending it. Nothing was reserved; another replica, or a retry, can serve it."""
+
+    def __init__(self, team: str, retry_after_s: float):
+        super().__init__(
+            503,
+            f"the shared state that keeps team {team!r}'s budget is unreachable from this gateway; retry shortly, "
+            "or send to another gateway",
+            type="server_error",
+            code="budget_uncheckable",
+        )
+        self.headers = {"Retry-After": str(max(1, round(retry_after_s)))}
+
+
 class TraceStoreBehind(APIError):
     """503 ``trace_store_behind``: this gateway's traces wait in its spool faster than they reach
     Parquet, past ``trace_spool_limit_mb``. New requests wait (a batch line runs again later)

@@ -12,6 +12,11 @@ limit: it takes its share of what was left when it last saw Redis (limit minus s
 reserved, divided by the replicas that were alive), so N replicas together stay within the
 limit. What it spends meanwhile is added to Redis when Redis answers again. A single replica
 with no Redis keeps its spend in a file (``persist``) so a restart does not forget it.
+
+A ``guarded`` ledger (budgets: money) is spent alone only once the outage has lasted
+(``SharedState.alone_in``): one replica's timeout on a busy host, while the others still spend
+through Redis, would otherwise spend its share on top of theirs. It is never spent alone by a
+replica that has not seen it in Redis: it could not know what was left (``CutOff``).
 """
 
 from __future__ import annotations
@@ -116,11 +121,21 @@ class Totals:
     spent_b: float
 
 
-class Ledger:
-    """Named ledgers (one per deployment, or per team) with limits ``(n, a, b)``; -1 = none."""
+class CutOff(Exception):
+    """A guarded ledger cannot be spent now: this replica lost Redis and may spend it alone in
+    ``wait_s``, or never (``wait_s`` None: it never saw the ledger in Redis)."""
 
-    def __init__(self, state: SharedState, prefix: str, ttl_s: float, persist: str | Path | None = None):
-        self.state, self.prefix, self.ttl_s = state, prefix, ttl_s
+    def __init__(self, wait_s: float | None):
+        super().__init__("shared state unreachable: " + ("cannot check" if wait_s is None else f"alone in {wait_s:.1f} s"))
+        self.wait_s = wait_s
+
+
+class Ledger:
+    """Named ledgers (one per deployment, or per team) with limits ``(n, a, b)``; -1 = none.
+    ``guarded``: spent alone only once an outage has lasted (see the module's docstring)."""
+
+    def __init__(self, state: SharedState, prefix: str, ttl_s: float, persist: str | Path | None = None, guarded: bool = False):
+        self.state, self.prefix, self.ttl_s, self.guarded = state, prefix, ttl_s, guarded
         self._local: dict[str, dict[str, tuple[float, float, float]]] = {}  # name -> id -> (exp, a, b)
         self._local_spent: dict[str, list[float]] = {}
         self._seen: dict[str, tuple[float, float, float]] = {}  # name -> Redis's (n, a, b) last seen
@@ -142,6 +157,10 @@ class Ledger:
     def _reserve_local(self, want: Want) -> Reservation | None:
         name, limits = want.name, want.limits
         if self.state.redis_url:
+            if self.guarded:
+                wait = self.state.alone_in() if name in self._seen else None
+                if wait is None or wait > 0:
+                    raise CutOff(wait)
             limits = self._share(name, limits)
         with self._lock:
             live = self._purge(name)
@@ -268,14 +287,19 @@ def reserve_together(wants: list[Want]) -> list[Reservation] | int:
             return int(got[0]) - 1
         return [Reservation(w.name, w.rid, w.a, w.b, shared=True) for w in wants]
     made: list[Reservation] = []
-    for i, w in enumerate(wants):
-        res = w.ledger._reserve_local(w)
-        if res is None:
+    try:
+        for i, w in enumerate(wants):
+            res = w.ledger._reserve_local(w)
+            if res is None:
+                break
+            made.append(res)
+        else:
+            return made
+    finally:  # refused, or cut off: none of them held
+        if len(made) < len(wants):
             for ledger, earlier in zip((x.ledger for x in wants), made):
                 ledger._settle_local(earlier, 0, 0)
-            return i
-        made.append(res)
-    return made
+    return i
 
 
 def settle_together(settles: list[tuple[Ledger, Reservation, int, int]]) -> None:

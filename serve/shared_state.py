@@ -24,12 +24,17 @@ class SharedState:
         timeout_s: float = 0.25,
         replica: str | None = None,
         replica_ttl_s: float = 10.0,
+        alone_after_s: float = 3.0,
     ):
+        """``alone_after_s``: how long after it lost Redis this replica waits before it spends a
+        guarded ledger (budgets) on its own: see :meth:`alone_in`."""
         self.redis_url, self.retry_s = redis_url, retry_s
         self.replica, self.replica_ttl_s = replica or uuid.uuid4().hex, replica_ttl_s
+        self.alone_after_s = alone_after_s
         self.replicas_seen = 1  # live replicas at the last beat: a ledger's share in an outage
         self._redis = None
         self._down_until = 0.0
+        self._cut_off_at: float | None = None  # the first failure since Redis last answered (monotonic)
         if redis_url:
             import redis
 
@@ -51,6 +56,18 @@ class SharedState:
         if time.monotonic() >= self._down_until:
             log.warning("shared state unreachable (%s); using local state for %.0f s", exc, self.retry_s)
         self._down_until = time.monotonic() + self.retry_s
+        if self._cut_off_at is None:
+            self._cut_off_at = time.monotonic()
+
+    def alone_in(self) -> float:
+        """Seconds until this replica, cut off from Redis, may spend its share of a guarded ledger
+        on its own (0: now). A timeout on a busy host cuts one replica off while the others still
+        spend through Redis: spending its share then would take it twice. Waiting past the retry
+        (``retry_s``) tries Redis again first, so a moment's timeout never spends alone; only an
+        outage that lasts does (the others are then cut off too, each on its own share)."""
+        if self._cut_off_at is None:
+            return 0.0
+        return max(0.0, self._cut_off_at + self.alone_after_s - time.monotonic())
 
     def beat(self) -> None:
         """Say this replica is alive and count the live ones (call every few seconds)."""
@@ -78,10 +95,12 @@ class SharedState:
         import redis
 
         try:
-            return fn(client)
+            answer = fn(client)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.failed(exc)
             return LOCAL
+        self._cut_off_at = None
+        return answer
 
 
 REPLICAS = "flywheel:replicas"  # sorted set: replica -> expiry (Redis's clock)

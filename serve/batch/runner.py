@@ -25,7 +25,7 @@ from serve.batch.lanes import Lanes
 from serve.batch.lines import ENDPOINTS, output_line
 from serve.capture import RequestContext
 from serve.config import GatewayConfig
-from serve.errors import APIError, CapacityExceeded, TraceStoreBehind
+from serve.errors import APIError, BudgetUncheckable, CapacityExceeded, TraceStoreBehind
 from serve.forward import Forwarder
 from serve.keys import KeyStore
 from traces.batch_store import BatchStore, FileStore
@@ -202,7 +202,7 @@ class BatchRunner:
                     "usage": data.get("usage"),
                     "line": output_line(line["custom_id"], 200, data, request_id=ctx.trace_id),
                 }
-            except (CapacityExceeded, TraceStoreBehind):
+            except (CapacityExceeded, TraceStoreBehind, BudgetUncheckable):
                 await asyncio.sleep(self.cfg.retry_s)
                 continue
             except APIError as err:

@@ -446,11 +446,15 @@ def _ignore(fn):
 
 
 def test_both_replicas_keep_serving_through_a_redis_outage_and_resync(ha):
-    redis = ha["redis"]
+    redis, budgeted = ha["redis"], ha["patient_key"]
+    for url in ha["urls"]:  # each replica has seen the team's budget in Redis
+        assert chat(url, key=budgeted).status_code == 200
     redis.stop()
     try:
         for url in ha["urls"]:
             assert all(chat(url).status_code == 200 for _ in range(3))
+            # the budgeted team too, on the replica's share, once the outage has lasted (its requests wait)
+            assert [chat(url, key=budgeted).status_code for _ in range(2)] == [200, 200]
             assert httpx.get(f"{url}/health").json()["shared_state"] is False
     finally:
         redis.start()
