@@ -87,13 +87,15 @@ def journals(root: Path) -> list[Path]:
     return [*root.glob(f"date=*/model=*/{JOURNALS}"), *root.glob(f"{FEEDBACK_DIR}/date=*/{JOURNALS}")]
 
 
-def recover(root: Path, keep_s: float = 0.0) -> int:
+def recover(root: Path, keep_s: float = 0.0, part: Path | None = None) -> int:
     """Finish (output exists) or roll back (it does not) interrupted compactions; a finished
     merge's inputs are kept until its journal is ``keep_s`` old. Under the housekeeping lock.
     A kept merge whose output a later merge took has no output left: that merge's journal
-    carried its inputs (``_kept_behind``), so its own journal only goes."""
+    carried its inputs (``_kept_behind``), so its own journal only goes. ``part``: that
+    partition's only (the compactor's, before it merges there: the whole store's journals,
+    read before every merge, were most of its cost)."""
     fixed, now = 0, time.time()
-    for journal in journals(root):
+    for journal in journals(root) if part is None else sorted(part.glob(JOURNALS)):
         part = journal.parent
         j = json.loads(journal.read_text())
         if (part / j["output"]).exists():
