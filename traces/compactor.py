@@ -3,8 +3,9 @@ number stays bounded under any sustained ingest without the whole partition rewr
 
 A converted spool segment is a level-0 file. Once ``fanout`` files of one level are in a partition,
 they are merged into one file of the next level (``compact-L<n>-<hash>.parquet``), and so on up. A
-partition then holds at most ``fanout - 1`` files of each level, besides those whose segment is
-still being converted, and a row is rewritten once per level it climbs: log_fanout(the partition's
+partition then holds at most ``fanout - 1`` files of each level above 0 and ``2 * fanout - 1`` of
+level 0 (the partition is looked at once per ``fanout`` files written), besides those whose segment
+is still being converted, and a row is rewritten once per level it climbs: log_fanout(the partition's
 files) times. `flywheel traces compact` run on a schedule instead merges every small file into one
 on each run, so it rewrites the partition's rows once per run.
 
