@@ -77,8 +77,9 @@ class CapacityExceeded(APIError):
 
 class BudgetUncheckable(APIError):
     """503 ``budget_uncheckable``: this replica cannot reach Redis, and may not spend the team's
-    budget on its own (it never saw that budget, or it has been cut off too long): the other
-    replicas may be spending it. Nothing was reserved; another replica, or a retry, can serve it."""
+    budget on its own (it never saw that budget in Redis, so it cannot know what is left; or Redis
+    kept failing and answering while the request waited). Nothing was reserved; another replica,
+    or a retry, can serve it."""
 
     def __init__(self, team: str, retry_after_s: float):
         super().__init__(
