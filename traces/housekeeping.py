@@ -95,16 +95,16 @@ def recover(root: Path, keep_s: float = 0.0, part: Path | None = None) -> int:
     partition's only (the compactor's, before it merges there: the whole store's journals,
     read before every merge, were most of its cost)."""
     fixed, now = 0, time.time()
-    for journal in journals(root) if part is None else sorted(part.glob(JOURNALS)):
-        part = journal.parent
+    for journal in journals(root) if part is None else part.glob(JOURNALS):
+        folder = journal.parent
         j = json.loads(journal.read_text())
-        if (part / j["output"]).exists():
+        if (folder / j["output"]).exists():
             if now - journal.stat().st_mtime < keep_s:
                 continue
             for name in j["inputs"]:
-                (part / name).unlink(missing_ok=True)
+                (folder / name).unlink(missing_ok=True)
         else:
-            (part / f".{j['output']}.tmp").unlink(missing_ok=True)
+            (folder / f".{j['output']}.tmp").unlink(missing_ok=True)
         journal.unlink()
         fixed += 1
     return fixed
