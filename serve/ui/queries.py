@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -56,19 +57,19 @@ class TraceFilters:
     def active(self) -> dict[str, str]:
         return {k: v for k, v in vars(self).items() if v}
 
-    def where(self) -> tuple[str, list]:
+    def where(self, costly: bool = True) -> tuple[str, list]:
         """The WHERE clause (with ``$n`` placeholders) and its parameters. A reward filter
-        leaves ``{days}`` in it, for the placeholders of the days the caller searches."""
+        leaves ``{span}`` in it, for the caller's condition on ``t`` (the days and times it
+        searches). ``costly`` False leaves out the reward and text filters (a join with the
+        feedback, a scan of three texts): what is left, a row's own columns decide cheaply."""
         clauses, params = [], []
 
         def bind(value) -> str:
             params.append(value)
             return f"${len(params)}"
 
-        for name, op in (("since", ">="), ("until", "<=")):
-            value = getattr(self, name)
-            if value:
-                moment = _moment(name, value)
+        for (name, op), moment in zip((("since", ">="), ("until", "<=")), self.bounds()):
+            if moment is not None:
                 # the date partition column lets DuckDB skip whole days' files
                 clauses.append(f"date {op} {bind(moment.date())} AND time_received {op} {bind(moment)}")
         for name, column in (
@@ -87,23 +88,27 @@ class TraceFilters:
             raise BadFilter(f"status is 'ok' or 'error', not {self.status!r}")
         if self.tools:
             clauses.append("response_tool_calls IS NOT NULL")
-        if self.reward_min or self.reward_max:
+        if costly and (self.reward_min or self.reward_max):
             low = _number("reward_min", self.reward_min, float("-inf"))
             high = _number("reward_max", self.reward_max, float("inf"))
             # the `rewards` view's rule (latest feedback, of the trace's team or the admin), joined
-            # to the days being searched only ({days}: filled in by the caller) instead of them all
+            # to the span being searched only ({span}: filled in by the caller) instead of it all
             clauses.append(
                 f"trace_id IN (SELECT f.trace_id FROM feedback f JOIN traces t ON f.trace_id = t.trace_id "
-                f"AND {FEEDBACK_VISIBLE_SQL} WHERE f.name = 'reward' AND t.date IN ({{days}}) "
+                f"AND {FEEDBACK_VISIBLE_SQL} WHERE f.name = 'reward' AND {{span}} "
                 f"GROUP BY f.trace_id HAVING arg_max(f.reward, f.time_created) BETWEEN {bind(low)} AND {bind(high)})"
             )
-        if self.q:  # the text as typed: % and _ match themselves
+        if costly and self.q:  # the text as typed: % and _ match themselves
             pattern = bind("%" + self.q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
             likes = " OR ".join(
                 f"{c} ILIKE {pattern} ESCAPE '\\'" for c in ("gen_ai_input_messages", "response_content", "response_reasoning")
             )
             clauses.append(f"({likes})")
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+    def bounds(self) -> tuple[datetime | None, datetime | None]:
+        """``since`` and ``until`` as UTC times (None where not given)."""
+        return tuple(_moment(name, getattr(self, name)) if getattr(self, name) else None for name in ("since", "until"))
 
 
 def _moment(name: str, value: str) -> datetime:
@@ -124,6 +129,78 @@ def _days(root: str) -> list[date]:
         except ValueError:
             continue
     return sorted(out, reverse=True)
+
+
+FIRST_SPAN = timedelta(minutes=15)
+ONE_DAY = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A part of the store a list page searches for its newest matches: the rows of ``days``
+    (a day is a directory of files) received from ``lo`` and before ``hi``. Files hold their
+    rows in time order, so a time bound lets the scan skip every row group outside it by its
+    statistics: a span's cost follows its own rows, not the day's. ``lo`` None reaches back to
+    the days' start and takes the rows without a time too (last, as ``NULLS LAST`` sorts them);
+    ``hi`` None reaches past the days' end."""
+
+    days: list[date]
+    lo: datetime | None = None
+    hi: datetime | None = None
+
+    def sql(self, alias: str, first: int) -> tuple[str, list]:
+        """The condition on table ``alias`` (``""`` or ``"t."``) with placeholders from ``$first``,
+        and its parameters. The same numbers for each alias: the parameters are bound once."""
+        params: list = list(self.days)
+        clause = f"{alias}date IN (" + ", ".join(f"${first + i}" for i in range(len(self.days))) + ")"
+        received = f"{alias}time_received"
+        if self.lo is not None:
+            params.append(self.lo)
+            clause += f" AND {received} >= ${first + len(params) - 1}"
+        if self.hi is not None:
+            params.append(self.hi)
+            below = f"{received} < ${first + len(params) - 1}"
+            clause += f" AND {below}" if self.lo is not None else f" AND ({below} OR {received} IS NULL)"
+        return clause, params
+
+
+def spans(days: list[date], top: datetime | None = None, hi: datetime | None = None) -> Iterator[Span]:
+    """The spans a list page asks in turn, newest first, each twice as long as the one before:
+    15 minutes below ``top`` (now, or the page's ``until``) or the newest day's end, then 30,
+    an hour... A span that would reach past a day's start takes the rest of that day and as many
+    whole older days as its length covers (``days`` newest first, gaps allowed). ``hi``: the
+    first span ends there (a walk taken up again below a span already asked)."""
+    width, i = FIRST_SPAN, 0
+    while i < len(days):
+        start = datetime.combine(days[i], datetime.min.time(), timezone.utc)
+        edge = min(start + ONE_DAY, max(top or start + ONE_DAY, start))
+        if hi is not None:
+            edge = min(edge, hi)
+        lo, width = edge - width, width * 2
+        if lo > start:
+            yield Span([days[i]], lo, hi)
+            hi = lo
+            continue
+        whole = 1 + int((start - lo) / ONE_DAY)
+        yield Span(days[i : i + whole], None, hi)
+        hi, i = None, i + whole
+
+
+ID_SLACK = timedelta(minutes=1)
+
+
+def id_days(trace_id: str) -> list[date]:
+    """The days a gateway-made id (``tr-`` and the millisecond it was made, in 12 hex digits:
+    ``serve.capture.new_trace_id``) was received on, give or take ``ID_SLACK``; none for an id of
+    another shape. Its row is there unless the id came from elsewhere: a caller looks further."""
+    stamp = trace_id[3:15]
+    if not trace_id.startswith("tr-") or len(stamp) != 12:
+        return []
+    try:
+        made = datetime.fromtimestamp(int(stamp, 16) / 1000, timezone.utc)
+        return sorted({(made - ID_SLACK).date(), (made + ID_SLACK).date()})
+    except (ValueError, OverflowError, OSError):  # not hex, or past the year 9999
+        return []
 
 
 def _number(name: str, value: str, default: float) -> float:
@@ -161,8 +238,9 @@ class Reader:
         """A page of traces, newest first, and whether there is a next page.
 
         Two steps, so a page of a big store reads little: the ids of the newest matching traces,
-        asked of the newest days first (a day is a directory of files; sorting the whole store
-        would read most of it), then the page's columns for those ids only, in their days."""
+        asked of the newest :func:`spans` first (sorting the whole store would read most of it,
+        and a day of it at 100M traces is 14M rows), then the page's columns for those ids only,
+        in their days."""
         if (page + 1) * size > MAX_LISTED:
             raise BadFilter(
                 f"page {page} is past the {MAX_LISTED:,} newest matches a list reaches; "
@@ -170,21 +248,66 @@ class Reader:
             )
         where, params = filters.where()
         need = (page + 1) * size + 1
+        since, until = filters.bounds()
+        days = [d for d in _days(self.traces_dir) if (not since or d >= since.date()) and (not until or d <= until.date())]
+        now = datetime.now(timezone.utc)
+        walk = spans(days, min(until, now) if until else now)
         found: list[dict] = []
-        days, window = _days(self.traces_dir), 1
-        while days and len(found) < need:
-            chunk, days = days[:window], days[window:]
-            holes = ", ".join(f"${len(params) + i + 1}" for i in range(len(chunk)))
-            scope = f"{where.replace('{days}', holes)} AND date IN ({holes})" if where else f" WHERE date IN ({holes})"
-            found += self.rows(
+        while len(found) < need and (span := next(walk, None)):
+            scope, scope_params = span.sql("", len(params) + 1)
+            if "{span}" in where:  # a reward filter: the feedback of this span's traces only
+                ids = self._id_range(span)
+                if ids is None:
+                    continue
+                n = len(params) + len(scope_params)
+                feedback_scope = f"{span.sql('t.', len(params) + 1)[0]} AND f.trace_id BETWEEN ${n + 1} AND ${n + 2}"
+                scope = f"{where.replace('{span}', feedback_scope)} AND {scope}"
+                scope_params += ids
+            else:
+                scope = f"{where} AND {scope}" if where else f" WHERE {scope}"
+            matched = self.rows(
                 f"SELECT trace_id, time_received, date FROM traces{scope} "
                 f"ORDER BY time_received DESC NULLS LAST, trace_id DESC "
                 f"LIMIT {need - len(found)}",
-                params + chunk,
+                params + scope_params,
             )
-            window *= 2  # few matches in the newest days: look further back in bigger steps
+            found += matched
+            if not matched and span.lo is not None and (filters.q or "{span}" in where) and filters.where(costly=False)[0]:
+                walk = self._skip_ahead(filters, span, walk)
         wanted = found[page * size : (page + 1) * size]
         return self._page_rows(wanted), len(found) > (page + 1) * size
+
+    def _id_range(self, span: Span) -> list[str] | None:
+        """The smallest and largest id of the span's traces (None: it has none). Feedback files
+        hold their rows about in their traces' time order, and the gateway's ids lead with the
+        time: within these bounds, the feedback scan skips most row groups by their statistics.
+        Exact whatever the ids: every trace of the span is within them."""
+        scope, params = span.sql("", 1)
+        got = self.rows(f"SELECT min(trace_id) AS low, max(trace_id) AS high FROM traces WHERE {scope}", params)[0]
+        return None if got["low"] is None else [got["low"], got["high"]]
+
+    def _skip_ahead(self, filters: TraceFilters, span: Span, walk: Iterator[Span]) -> Iterator[Span]:
+        """Where a span held no match of a costly filter (reward, text), the walk goes on from the
+        newest row older than it that the cheap ones match (the day, checkpoint, model...): the
+        spans it passes hold no match. Else the next span, twice as long, could take in a whole
+        checkpoint's rows at once, and search each one's text. A walk whose cheap filters match
+        no further row ends; one that would pass rows without a time goes on as it was."""
+        cheap, params = filters.where(costly=False)
+        older = [d for d in _days(self.traces_dir) if d <= span.days[0]]
+        since, _ = filters.bounds()
+        older = [d for d in older if not since or d >= since.date()]
+        n = len(params)
+        holes = ", ".join(f"${n + i + 2}" for i in range(len(older)))
+        got = self.rows(
+            f"SELECT max(time_received) AS newest, count(*) FILTER (WHERE time_received IS NULL) AS untimed FROM traces "
+            f"{cheap + ' AND' if cheap else 'WHERE'} (time_received < ${n + 1} OR time_received IS NULL) AND date IN ({holes})",
+            [*params, span.lo, *older],
+        )[0]
+        if got["untimed"]:
+            return walk
+        if got["newest"] is None:
+            return iter(())
+        return spans([d for d in older if d <= got["newest"].date()], got["newest"], hi=span.lo)
 
     def _page_rows(self, wanted: list[dict]) -> list[dict]:
         if not wanted:
@@ -223,9 +346,16 @@ class Reader:
         return {t: reward for t, (_, reward) in latest.items()}
 
     def trace(self, trace_id: str) -> dict | None:
-        """One whole record: its day and model first (three columns of the store), then every
-        column read from that partition only."""
-        where = self.rows("SELECT date, model FROM traces WHERE trace_id = $1", [trace_id], limit=1)
+        """One whole record: its day and model first (three columns of the store; of the days its
+        id names, if it names any), then every column read from that partition only."""
+        days = id_days(trace_id)
+        holes = ", ".join(f"${i + 2}" for i in range(len(days)))
+        where = []
+        if days:
+            sql = f"SELECT date, model FROM traces WHERE trace_id = $1 AND date IN ({holes})"
+            where = self.rows(sql, [trace_id, *days], limit=1)
+        if not where:  # an id the gateway did not make, or one received far from its making
+            where = self.rows("SELECT date, model FROM traces WHERE trace_id = $1", [trace_id], limit=1)
         if not where:
             return None
         # plain equalities: those are what the scan prunes partitions by (IS NOT DISTINCT is not)

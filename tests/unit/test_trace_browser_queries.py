@@ -3,11 +3,11 @@ the whole store would give it, each filter keeping what it says, and rewards as 
 ``rewards`` view has them."""
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 
 import pytest
 
-from serve.ui.queries import BadFilter, Reader, TraceFilters
+from serve.ui.queries import BadFilter, Reader, Span, TraceFilters, id_days, spans
 from traces.feedback import write_feedback
 from traces.store import TraceStore
 from traces.writer import TraceWriter
@@ -135,3 +135,112 @@ def test_unreadable_filters_say_which(store):
     for filters in (TraceFilters(since="soon"), TraceFilters(reward_min="x"), TraceFilters(status="bad")):
         with pytest.raises(BadFilter):
             Reader(store, "red", 30).traces(filters, 0, 10)
+
+
+END = datetime(2026, 12, 2, tzinfo=timezone.utc)  # the burst store's newest day ends here
+
+
+def gateway_id(at: datetime, n: int) -> str:
+    return f"tr-{int(at.timestamp() * 1000):012x}{n:020x}"
+
+
+@pytest.fixture(scope="module")
+def burst(tmp_path_factory):
+    """Traces dense where a list's spans meet: many in the newest day's last minutes, one on a
+    span's edge, one at midnight, two at one instant, a day with none (a gap), rows a day apart."""
+    times = [END - timedelta(seconds=7 * i + 1) for i in range(200)]  # 23 minutes: across 15 min
+    times += [END - timedelta(minutes=15), END - timedelta(minutes=45), END - timedelta(days=1)]  # edges
+    times += [END - timedelta(hours=h, seconds=13) for h in range(1, 24, 2)]
+    times += [END - timedelta(days=4, hours=h) for h in range(0, 24, 5)]  # a day with none between
+    times += [END - timedelta(hours=5)] * 2
+    root = tmp_path_factory.mktemp("ui-burst")
+    writer = TraceWriter(root, "seed")
+    for i, at in enumerate(times):
+        writer.submit(
+            {
+                "trace_id": gateway_id(at, i),
+                "team": "red" if i % 3 else "blue",
+                "http_status": 200,
+                "time_received": at,
+                "checkpoint_version": "old" if at < END - timedelta(days=2) else "new",
+                "response_content": f"answer {i}",
+            }
+        )
+    # no time: in the partition of the day it was written, today's, newer than all the others
+    untimed = {"trace_id": "untimed", "team": "red", "checkpoint_version": "old", "response_content": "answer"}
+    writer.submit({**untimed, "http_status": 200})
+    writer.submit({"trace_id": "imported-7", "team": "red", "http_status": 200, "time_received": END - timedelta(hours=30)})
+    # made 40 s before midnight, received just after it: a day later than its id says
+    late = gateway_id(END - timedelta(days=1, seconds=40), 999)
+    after_midnight = END - timedelta(days=1) + timedelta(seconds=1)
+    writer.submit({"trace_id": late, "team": "red", "http_status": 200, "time_received": after_midnight})
+    writer.close()
+    return str(root), late
+
+
+@pytest.mark.parametrize("team", [None, "red"])
+def test_pages_over_dense_minutes_and_day_edges_are_one_order_by(burst, team):
+    root, _ = burst
+    expected = ["untimed"] + [
+        r["trace_id"]
+        for r in TraceStore(root, team=team)
+        .sql("SELECT trace_id FROM traces WHERE time_received IS NOT NULL ORDER BY time_received DESC, trace_id DESC")
+        .to_pylist()
+    ]
+    assert len(expected) == (225 if team is None else 151)
+    for size in (1, 7, 50, 300):
+        assert all_pages(Reader(root, team, 30), TraceFilters(), size) == expected
+    # a filter on the newest day's last hour: the page starts at `until`, not at the day's end
+    until = (END - timedelta(minutes=20)).isoformat()
+    got = all_pages(Reader(root, team, 30), TraceFilters(since=(END - timedelta(hours=1)).isoformat(), until=until), 9)
+    assert (
+        got == [t for t in expected[1:] if END - timedelta(hours=1) <= _received(root, t) <= END - timedelta(minutes=20)] and got
+    )
+
+
+@pytest.mark.parametrize("team", [None, "red"])
+def test_a_costly_filter_past_empty_spans_finds_every_match_in_order(burst, team):
+    """Text and reward filters skip ahead to the cheap filters' next match: nothing is skipped."""
+    root, _ = burst
+    old = TraceStore(root, team=team).sql(
+        "SELECT trace_id FROM traces WHERE checkpoint_version = 'old' AND time_received IS NOT NULL "
+        "ORDER BY time_received DESC, trace_id DESC"
+    )
+    expected = ["untimed"] + [r["trace_id"] for r in old.to_pylist()]
+    assert len(expected) == (6 if team is None else 4)
+    for size in (1, 2, 10):
+        assert all_pages(Reader(root, team, 30), TraceFilters(checkpoint="old", q="answer"), size) == expected
+    # the same without the row that has no time (since leaves it out): the old rows are 215-219
+    since = TraceFilters(checkpoint="old", q="answer 21", since="2026-11-01")
+    assert all_pages(Reader(root, team, 30), since, 2) == expected[1:]
+    assert all_pages(Reader(root, team, 30), TraceFilters(checkpoint="old", q="nowhere"), 2) == []
+
+
+def _received(root: str, trace_id: str) -> datetime:
+    got = TraceStore(root).sql("SELECT time_received FROM traces WHERE trace_id = $1", params=[trace_id])
+    return got.to_pylist()[0]["time_received"]
+
+
+def test_spans_cover_each_moment_once_newest_first():
+    days = [date(2026, 12, 1), date(2026, 11, 30), date(2026, 11, 27), date(2026, 11, 26), date(2026, 11, 20)]
+    got = list(spans(days, datetime(2026, 12, 1, 9, 30, tzinfo=timezone.utc)))
+    assert got[0] == Span([days[0]], datetime(2026, 12, 1, 9, 15, tzinfo=timezone.utc), None)
+    assert got[1] == Span([days[0]], datetime(2026, 12, 1, 8, 45, tzinfo=timezone.utc), got[0].lo)
+    for a, b in zip(got, got[1:]):  # each span ends where the one before began, or a day before
+        assert b.hi == a.lo or (a.lo is None and b.hi is None and b.days[0] < a.days[-1])
+    assert [d for s in got if s.lo is None for d in s.days] == days  # each day's rest taken once
+    assert got[-1].lo is None and len(got) < 12
+
+
+def test_a_record_is_found_by_the_day_its_id_names_or_beyond_it(burst):
+    root, late = burst
+    some = gateway_id(END - timedelta(minutes=15), 200)
+    assert id_days(some) == [date(2026, 12, 1)] and id_days(late) == [date(2026, 11, 30), date(2026, 12, 1)]
+    assert id_days("imported-7") == id_days("tr-zzzzzzzzzzzz") == id_days("tr-ffffffffffff") == []
+    for team in (None, "red"):
+        reader = Reader(root, team, 30)
+        assert reader.trace(some)["response_content"] == "answer 200"
+        assert reader.trace(late)["trace_id"] == late  # received a day after its id's day
+        assert reader.trace("imported-7")["trace_id"] == "imported-7"  # an id of another shape
+        assert reader.trace(gateway_id(END - timedelta(hours=2), 5)) is None
+    assert Reader(root, "red", 30).trace(gateway_id(END - timedelta(seconds=1), 0)) is None  # blue's
