@@ -21,6 +21,7 @@ sees only that team's rows.
 
 from __future__ import annotations
 
+from datetime import date, datetime
 from pathlib import Path
 from typing import Iterator
 
@@ -145,7 +146,7 @@ class TraceStore:
         # The current layout is bound as an explicit list of files, so every query of this
         # snapshot reads the same files: a glob would be expanded again at each query and could
         # see a compaction's output beside its inputs.
-        current = [f for part in partitions(self.root) for f in visible_files(part)]
+        current = _newest_first([f for part in partitions(self.root) for f in visible_files(part)])
         legacy = sorted(self.root.glob(LAYOUTS[1]))  # never compacted
         if self.team is not None:
             # A team's connection holds nothing unfiltered: its rows come through an Arrow
@@ -318,11 +319,63 @@ def file_schema(path: Path) -> pa.Schema:
     return known
 
 
+_FILE_NEWEST: dict[tuple[str, int, int], datetime | None] = {}
+
+
+def file_newest(path: Path) -> datetime | None:
+    """The newest ``time_received`` in Parquet file ``path``, from its row groups' statistics
+    (None: not known), its footer read once per process (4 ms for a file of the 100M bench)."""
+    import pyarrow.parquet as pq
+
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _FILE_NEWEST:
+        if len(_FILE_NEWEST) >= _MAX_FILES_KNOWN:
+            _FILE_NEWEST.clear()
+        meta, newest = pq.read_metadata(path), None
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                column = group.column(c)
+                if column.path_in_schema == "time_received" and column.statistics and column.statistics.has_min_max:
+                    top = column.statistics.max
+                    newest = top if newest is None or top > newest else newest
+        _FILE_NEWEST[key] = newest if isinstance(newest, datetime) and newest.tzinfo else None
+    return _FILE_NEWEST[key]
+
+
+def newest_received(root: Path, day: date) -> datetime | None:
+    """The newest ``time_received`` of day ``day``'s files by their statistics (None: not
+    known). A list page starts its walk there rather than at the day's end or now: a store whose
+    traffic stopped hours ago would otherwise ask that many empty spans first."""
+    newest = None
+    for part in partitions(root):
+        if part.parent.name == f"date={day.isoformat()}":
+            for f in visible_files(part):
+                try:
+                    top = file_newest(f)
+                except FileNotFoundError:  # merged away since the listing: its rows are in another file
+                    continue
+                if top is not None and (newest is None or top > newest):
+                    newest = top
+    return newest
+
+
+def _newest_first(files: list[Path]) -> list[Path]:
+    """``files`` newest day first, and in a day the file written last first (its rows are the
+    newest, a compaction's output aside). DuckDB reads the files of a view in this order, and a
+    query for the newest rows (``ORDER BY time_received DESC LIMIT n``: every list page) pushes
+    the n-th newest time it has found so far into the scan as a filter, which skips each later
+    row group whose time statistics are older. Oldest first, the scan finds that bound only at
+    the end: over 100M traces the newest 51 took 6.5 s that way and 0.1 s this way."""
+    return sorted(files, key=lambda f: (f.parent.parent.name, f.stat().st_mtime_ns, f.name), reverse=True)
+
+
 def _by_schema(files: list[Path]) -> list[list[Path]]:
     """``files`` grouped by schema (columns, their types and order), in the order first seen."""
-    groups: dict[pa.Schema, list[Path]] = {}
-    for f in files:
-        groups.setdefault(file_schema(f), []).append(f)
+    groups: dict[int, list[Path]] = {}
+    for f in files:  # file_schema gives one object per distinct schema: its id is cheaper to hash
+        groups.setdefault(id(file_schema(f)), []).append(f)
     return list(groups.values())
 
 

@@ -4,12 +4,13 @@ the whole store would give it, each filter keeping what it says, and rewards as 
 
 import json
 from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
 from serve.ui.queries import BadFilter, Reader, Span, TraceFilters, id_days, spans
 from traces.feedback import write_feedback
-from traces.store import TraceStore
+from traces.store import TraceStore, newest_received
 from traces.writer import TraceWriter
 
 T0 = datetime(2026, 11, 28, 22, 0, tzinfo=timezone.utc)
@@ -219,6 +220,13 @@ def test_a_costly_filter_past_empty_spans_finds_every_match_in_order(burst, team
 def _received(root: str, trace_id: str) -> datetime:
     got = TraceStore(root).sql("SELECT time_received FROM traces WHERE trace_id = $1", params=[trace_id])
     return got.to_pylist()[0]["time_received"]
+
+
+def test_a_walk_starts_at_the_newest_time_its_day_holds(burst):
+    root, _ = burst
+    assert newest_received(Path(root), date(2026, 12, 1)) == END - timedelta(seconds=1)
+    written = datetime.now(timezone.utc).date()  # the day the row without a time was written on
+    assert newest_received(Path(root), written) is None and newest_received(Path(root), date(2020, 1, 1)) is None
 
 
 def test_spans_cover_each_moment_once_newest_first():
