@@ -189,7 +189,7 @@ def test_pages_over_dense_minutes_and_day_edges_are_one_order_by(burst, team):
         .to_pylist()
     ]
     assert len(expected) == (225 if team is None else 151)
-    for size in (1, 7, 50, 300):
+    for size in (7, 50, 300):  # 7: 33 pages of the admin's 225 rows
         assert all_pages(Reader(root, team, 30), TraceFilters(), size) == expected
     # a filter on the newest day's last hour: the page starts at `until`, not at the day's end
     until = (END - timedelta(minutes=20)).isoformat()
