@@ -253,6 +253,7 @@ class Reader:
         days = [d for d in _days(self.traces_dir) if (not since or d >= since.date()) and (not until or d <= until.date())]
         top = [datetime.now(timezone.utc), until, newest_received(Path(self.traces_dir), days[0]) if days else None]
         walk = spans(days, min(t for t in top if t is not None))
+        cheap = filters.where(costly=False)
         found: list[dict] = []
         while len(found) < need and (span := next(walk, None)):
             scope, scope_params = span.sql("", len(params) + 1)
@@ -273,8 +274,8 @@ class Reader:
                 params + scope_params,
             )
             found += matched
-            if not matched and span.lo is not None and filters.where(costly=False)[0]:
-                walk = self._skip_ahead(filters, span, walk)
+            if not matched and span.lo is not None and cheap[0]:
+                walk = self._skip_ahead(cheap, days, span, walk)
         wanted = found[page * size : (page + 1) * size]
         return self._page_rows(wanted), len(found) > (page + 1) * size
 
@@ -287,22 +288,21 @@ class Reader:
         got = self.rows(f"SELECT min(trace_id) AS low, max(trace_id) AS high FROM traces WHERE {scope}", params)[0]
         return None if got["low"] is None else [got["low"], got["high"]]
 
-    def _skip_ahead(self, filters: TraceFilters, span: Span, walk: Iterator[Span]) -> Iterator[Span]:
+    def _skip_ahead(self, cheap: tuple[str, list], days: list[date], span: Span, walk: Iterator[Span]) -> Iterator[Span]:
         """Where a span held no match, the walk goes on from the newest row older than it that
         the cheap filters match (the day, checkpoint, model...; not the reward or text): the
         spans it passes hold no match. Else the next spans, twice as long each, could take in a
         whole checkpoint's rows at once, and search each one's text (at 100M traces, a checkpoint
         a week old behind 8 empty spans). A walk whose cheap filters match no further row ends;
-        one that would pass rows without a time goes on as it was."""
-        cheap, params = filters.where(costly=False)
-        older = [d for d in _days(self.traces_dir) if d <= span.days[0]]
-        since, _ = filters.bounds()
-        older = [d for d in older if not since or d >= since.date()]
+        one that would pass rows without a time goes on as it was. ``cheap``: the WHERE clause of
+        the cheap filters and its parameters; ``days``: the walk's, newest first."""
+        where, params = cheap
+        older = [d for d in days if d <= span.days[0]]
         n = len(params)
         holes = ", ".join(f"${n + i + 2}" for i in range(len(older)))
         got = self.rows(
             f"SELECT max(time_received) AS newest, count(*) FILTER (WHERE time_received IS NULL) AS untimed FROM traces "
-            f"{cheap + ' AND' if cheap else 'WHERE'} (time_received < ${n + 1} OR time_received IS NULL) AND date IN ({holes})",
+            f"{where} AND (time_received < ${n + 1} OR time_received IS NULL) AND date IN ({holes})",
             [*params, span.lo, *older],
         )[0]
         if got["untimed"]:
