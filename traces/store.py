@@ -304,19 +304,27 @@ _SCHEMAS: dict[pa.Schema, pa.Schema] = {}
 _MAX_FILES_KNOWN = 500_000
 
 
+def _once_per_file(cache: dict, path: Path, read):
+    """``read(path)``, kept in ``cache`` by path, size and mtime (a file is never rewritten in
+    place), at most ``_MAX_FILES_KNOWN`` entries."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in cache:
+        if len(cache) >= _MAX_FILES_KNOWN:
+            cache.clear()
+        cache[key] = read(path)
+    return cache[key]
+
+
 def file_schema(path: Path) -> pa.Schema:
     """The Arrow schema of Parquet file ``path``, its footer read once per process."""
     import pyarrow.parquet as pq
 
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    known = _FILE_SCHEMAS.get(key)
-    if known is None:
-        if len(_FILE_SCHEMAS) >= _MAX_FILES_KNOWN:
-            _FILE_SCHEMAS.clear()
+    def read(path: Path) -> pa.Schema:
         schema = pq.read_schema(path).remove_metadata()
-        known = _FILE_SCHEMAS[key] = _SCHEMAS.setdefault(schema, schema)
-    return known
+        return _SCHEMAS.setdefault(schema, schema)
+
+    return _once_per_file(_FILE_SCHEMAS, path, read)
 
 
 _FILE_NEWEST: dict[tuple[str, int, int], datetime | None] = {}
@@ -327,11 +335,7 @@ def file_newest(path: Path) -> datetime | None:
     (None: not known), its footer read once per process (4 ms for a file of the 100M bench)."""
     import pyarrow.parquet as pq
 
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _FILE_NEWEST:
-        if len(_FILE_NEWEST) >= _MAX_FILES_KNOWN:
-            _FILE_NEWEST.clear()
+    def read(path: Path) -> datetime | None:
         meta, newest = pq.read_metadata(path), None
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
@@ -340,8 +344,9 @@ def file_newest(path: Path) -> datetime | None:
                 if column.path_in_schema == "time_received" and column.statistics and column.statistics.has_min_max:
                     top = column.statistics.max
                     newest = top if newest is None or top > newest else newest
-        _FILE_NEWEST[key] = newest if isinstance(newest, datetime) and newest.tzinfo else None
-    return _FILE_NEWEST[key]
+        return newest if isinstance(newest, datetime) and newest.tzinfo else None
+
+    return _once_per_file(_FILE_NEWEST, path, read)
 
 
 def newest_received(root: Path, day: date) -> datetime | None:
@@ -349,15 +354,14 @@ def newest_received(root: Path, day: date) -> datetime | None:
     known). A list page starts its walk there rather than at the day's end or now: a store whose
     traffic stopped hours ago would otherwise ask that many empty spans first."""
     newest = None
-    for part in partitions(root):
-        if part.parent.name == f"date={day.isoformat()}":
-            for f in visible_files(part):
-                try:
-                    top = file_newest(f)
-                except FileNotFoundError:  # merged away since the listing: its rows are in another file
-                    continue
-                if top is not None and (newest is None or top > newest):
-                    newest = top
+    for part in (root / f"date={day.isoformat()}").glob("model=*"):
+        for f in visible_files(part):
+            try:
+                top = file_newest(f)
+            except FileNotFoundError:  # merged away since the listing: its rows are in another file
+                continue
+            if top is not None and (newest is None or top > newest):
+                newest = top
     return newest
 
 
