@@ -32,6 +32,17 @@ def new_trace_id() -> str:
     return f"tr-{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
+def trace_id_made(trace_id: str) -> datetime | None:
+    """When :func:`new_trace_id` made ``trace_id`` (None: an id of another shape)."""
+    stamp = trace_id[3:15]
+    if not trace_id.startswith("tr-") or len(stamp) != 12:
+        return None
+    try:
+        return datetime.fromtimestamp(int(stamp, 16) / 1000, timezone.utc)
+    except (ValueError, OverflowError, OSError):  # not hex, or past the year 9999
+        return None
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from serve.capture import trace_id_made
 from serve.trace_query import QueryLimits, json_rows, scoped_query, scoped_store
 from traces.store import FEEDBACK_VISIBLE_SQL, SnapshotGone, feedback_visible, newest_received
 
@@ -194,13 +195,12 @@ def id_days(trace_id: str) -> list[date]:
     """The days a gateway-made id (``tr-`` and the millisecond it was made, in 12 hex digits:
     ``serve.capture.new_trace_id``) was received on, give or take ``ID_SLACK``; none for an id of
     another shape. Its row is there unless the id came from elsewhere: a caller looks further."""
-    stamp = trace_id[3:15]
-    if not trace_id.startswith("tr-") or len(stamp) != 12:
+    made = trace_id_made(trace_id)
+    if made is None:
         return []
     try:
-        made = datetime.fromtimestamp(int(stamp, 16) / 1000, timezone.utc)
         return sorted({(made - ID_SLACK).date(), (made + ID_SLACK).date()})
-    except (ValueError, OverflowError, OSError):  # not hex, or past the year 9999
+    except OverflowError:  # within a minute of the year 1 or 9999
         return []
 
 
