@@ -332,6 +332,12 @@ class GatewayConfig(StrictModel):
         None, description="the checkpoint registry the trace browser shows lineage from (flywheel checkpoint ...)"
     )
     first_token_timeout_s: float = Field(60.0, description="no first byte by then: try the next deployment")
+    pause_wait_s: float = Field(
+        120.0,
+        gt=0,
+        description="a pause (a weight reload's, or /pause keep) waits at most this long for adapter requests in "
+        "flight to end, holding new ones: Dynamo cannot freeze them (serve/weights.py); then 503, nothing changed",
+    )
     trace_flush_batch: int = 10_000
     trace_flush_age_s: float = Field(
         0.1,

@@ -4,8 +4,9 @@ A reload (serve/weights.py) pauses the deployment's engines. A base-weight reque
 arrives then waits inside the paused engine, but Dynamo's vLLM handler refuses an adapter's
 request outright ("Cannot admit LoRA request ... while generation is paused", a 500): measured
 in the loop on production traffic, one request of ~3,000 failed that way in an 80 ms reload. So
-this gateway sends nothing to a deployment it is reloading until the reload has ended. Per
-gateway replica: a reload through another replica is not seen here.
+this gateway sends nothing to a deployment it is reloading until the reload has ended, nor to
+one a client paused (``/pause``) until it resumes it. Per gateway replica: a reload or pause
+through another replica is not seen here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from contextlib import asynccontextmanager
 
 
 class ReloadGate:
+    """Per deployment, a count of holds (a reload's, a client's pause); its requests pass when
+    there are none."""
+
     def __init__(self):
         self._open: dict[str, asyncio.Event] = {}
+        self._holds: dict[str, int] = {}
 
     def _event(self, deployment: str) -> asyncio.Event:
         if deployment not in self._open:
@@ -24,15 +29,24 @@ class ReloadGate:
             self._open[deployment].set()
         return self._open[deployment]
 
+    def hold(self, deployment: str) -> None:
+        """Hold ``deployment``'s new requests until as many :meth:`release` calls."""
+        self._holds[deployment] = self._holds.get(deployment, 0) + 1
+        self._event(deployment).clear()
+
+    def release(self, deployment: str) -> None:
+        self._holds[deployment] = max(0, self._holds.get(deployment, 0) - 1)
+        if not self._holds[deployment]:
+            self._event(deployment).set()
+
     @asynccontextmanager
     async def closed(self, deployment: str):
         """Hold ``deployment``'s new requests while the block runs."""
-        gate = self._event(deployment)
-        gate.clear()
+        self.hold(deployment)
         try:
             yield
         finally:
-            gate.set()
+            self.release(deployment)
 
     async def passage(self, deployment: str) -> None:
         """Return once ``deployment`` is not being reloaded (at once, nearly always)."""

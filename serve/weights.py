@@ -5,7 +5,9 @@
 worker of one deployment (Dynamo's ``/engine/update_weights_from_disk``, which runs vLLM's
 layer-by-layer ``reload_weights`` and then resets the prefix cache, so no request after the
 swap reuses KV computed with the old weights). Only that deployment pauses, and only for the
-reload: its in-flight requests are frozen (``keep``), not aborted, and finish afterwards. It is
+reload: its in-flight requests are frozen (``keep``), not aborted, and finish afterwards; an
+adapter's request cannot be frozen (Dynamo refuses the pause while one runs), so the pause waits,
+new requests held, until those in flight have ended (``gateway.pause_wait_s``). It is
 all workers or none: when one worker fails, every worker is reloaded with the weights it served
 before and the answer is a 502 with each worker's result. On success every alias that serves
 the deployment's base weights records the new version, so each trace row names the weights that
@@ -33,6 +35,9 @@ from serve.workers import WorkerResult, call_workers, on_workers, parse_body, pi
 PAUSE, RESUME = "/engine/pause_generation", "/engine/resume_generation"
 UPDATE, LIVENESS = "/engine/update_weights_from_disk", "/engine/liveness_probe"
 RELOAD_TIMEOUT_S = 720.0  # prime-rl's own client timeout for /update_weights
+# Dynamo's vLLM handler refuses to pause in keep mode while an adapter's request runs (it cannot
+# freeze one); this is its refusal's wording, and how often a pause asks again meanwhile.
+ADAPTERS_RUNNING, PAUSE_RETRY_S = "active LoRA requests", 0.05
 # What must match for new weights to fit the running engine's tensors.
 SHAPE_KEYS = (
     "model_type",
@@ -108,7 +113,7 @@ class FullWeights:
             resume = dep.name not in self.paused_by_client  # else the client resumes when it is ready
             async with self.gate.closed(dep.name):  # this replica sends it nothing until the reload ends
                 try:
-                    await on_workers(http, dep, "POST", PAUSE, {"mode": "keep", "clear_cache": False})
+                    await pause_workers(http, dep, {"mode": "keep", "clear_cache": False}, self.config.pause_wait_s)
                     results = await call_workers(
                         http,
                         dep,
@@ -165,6 +170,27 @@ class FullWeights:
                 self.routes[alias] = r.model_copy(update={"weight_dir": weight_dir})
 
 
+async def pause_workers(http, dep: Deployment, body: dict, wait_s: float) -> None:
+    """Pause every worker of ``dep``. A worker that refuses because adapter requests are running
+    is asked again until they have ended (the caller holds new ones back), for at most ``wait_s``;
+    any other refusal is the answer at once."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        refused = [r for r in await call_workers(http, dep, "POST", PAUSE, body) if not r.ok]
+        if not refused:
+            return
+        if not all(ADAPTERS_RUNNING in r.reason for r in refused):
+            raise next(r for r in refused if ADAPTERS_RUNNING not in r.reason).error(PAUSE)
+        if asyncio.get_running_loop().time() >= deadline:
+            raise APIError(
+                503,
+                f"deployment {dep.name!r} still runs adapter requests after {wait_s:g} s, which its engine cannot "
+                f"freeze ({refused[0].reason}); nothing was changed: try again, or raise gateway.pause_wait_s",
+                type="server_error",
+            )
+        await asyncio.sleep(PAUSE_RETRY_S)
+
+
 def full_weights(request: Request) -> FullWeights:
     """The FastAPI dependency: the app's one ``FullWeights`` (it remembers which deployments a
     client paused, so a reload does not resume them)."""
@@ -188,7 +214,19 @@ async def pause(
     if mode not in ("keep", "wait", "abort"):
         raise APIError(400, f"mode must be keep, wait or abort, not {mode!r}", param="mode")
     dep = pick_deployment(gw.config, deployment, gw.routes)
-    await on_workers(request.app.state.http, dep, "POST", PAUSE, {"mode": mode, "clear_cache": clear_cache})
+    http = request.app.state.http
+    if dep.name in weights.paused_by_client:  # paused already: its hold stands
+        await on_workers(http, dep, "POST", PAUSE, {"mode": mode, "clear_cache": clear_cache})
+        return {"status": "success", "paused": dep.name, "mode": mode}
+    # held until /resume: the adapter requests in flight end, and none reaches the paused engine
+    # (Dynamo would refuse it with a 500); base requests wait here as they would inside it
+    weights.gate.hold(dep.name)
+    try:
+        await pause_workers(http, dep, {"mode": mode, "clear_cache": clear_cache}, gw.config.pause_wait_s)
+    except APIError:
+        await call_workers(http, dep, "POST", RESUME, {})  # the ones already paused: none stays so
+        weights.gate.release(dep.name)
+        raise
     weights.paused_by_client.add(dep.name)
     return {"status": "success", "paused": dep.name, "mode": mode}
 
@@ -204,7 +242,9 @@ async def resume(
     gw.require_admin(request)
     dep = pick_deployment(gw.config, deployment, gw.routes)
     await on_workers(request.app.state.http, dep, "POST", RESUME, {})
-    weights.paused_by_client.discard(dep.name)
+    if dep.name in weights.paused_by_client:
+        weights.paused_by_client.discard(dep.name)
+        weights.gate.release(dep.name)
     return {"status": "success", "resumed": dep.name}
 
 

@@ -41,8 +41,14 @@ class WorkerResult:
 
 
 def worker_result(url: str, r: httpx.Response) -> WorkerResult:
-    """What a worker's engine route answered (JSON body or not)."""
-    data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    """What a worker's engine route answered (JSON body or not). Dynamo's system server labels
+    its engine routes' JSON ``text/plain``: the body is read as JSON whatever its label says, or a
+    refusal ({"status": "error"}) would pass for success (measured: a pause refused for running
+    adapter requests was taken as done, and the weights were recorded as reloaded)."""
+    try:
+        data = r.json()
+    except ValueError:
+        data = {}
     data = data if isinstance(data, dict) else {}
     return WorkerResult(url, r.status_code, data, str(data.get("message") or r.text[:300]))
 

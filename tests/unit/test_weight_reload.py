@@ -121,3 +121,104 @@ def test_this_gateway_sends_a_reloading_deployment_nothing_until_it_has_resumed(
 
     asyncio.run(go())
     assert order.index("request sent") > max(i for i, p in enumerate(order) if p == RESUME), order
+
+
+def dynamo_says(body: dict) -> httpx.Response:
+    """An engine route's answer as Dynamo's system server sends it: JSON labelled text/plain."""
+    return httpx.Response(200, text=json.dumps(body), headers={"content-type": "text/plain; charset=utf-8"})
+
+
+ADAPTER_BUSY = {"status": "error", "message": "Cannot pause generation in keep mode with active LoRA requests: tiny@a"}
+
+
+def reload_answered_by(weights, dep, new, answer, calls: list):
+    def logged(request: httpx.Request) -> httpx.Response:
+        calls.append((request.url.host, request.url.path))
+        return answer(request)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(logged)) as http:
+            return await weights.reload(http, dep, new, "step_9")
+
+    return asyncio.run(go())
+
+
+def test_a_pause_refused_while_adapter_requests_run_is_asked_again_until_they_have_ended(deployment):
+    dep, routes, weights, base, new = deployment
+    calls, refusals = [], {"w0": 3, "w1": 1}
+
+    def answer(request):
+        if request.url.path == PAUSE and refusals[request.url.host] > 0:
+            refusals[request.url.host] -= 1
+            return dynamo_says(ADAPTER_BUSY)
+        return dynamo_says({"status": "ok"})
+
+    reload_answered_by(weights, dep, new, answer, calls)
+    assert [p for h, p in calls if h == "w0"].count(PAUSE) == 4
+    first_update = calls.index(next(c for c in calls if c[1] == UPDATE))
+    assert [p for _, p in calls[first_update:]].count(PAUSE) == 0  # every worker paused before any reload
+    assert routes["tiny"].checkpoint_version == "step_9" and routes["tiny"].weight_dir == new
+
+
+def test_adapter_requests_outlasting_pause_wait_s_are_a_503_that_changes_nothing(deployment):
+    dep, routes, weights, base, new = deployment
+    weights.config = weights.config.model_copy(update={"pause_wait_s": 0.2})
+    calls = []
+
+    def answer(request):
+        return dynamo_says(ADAPTER_BUSY if request.url.path == PAUSE else {"status": "ok"})
+
+    with pytest.raises(APIError) as refused:
+        reload_answered_by(weights, dep, new, answer, calls)
+    assert refused.value.status == 503 and "adapter requests" in refused.value.message
+    assert "nothing was changed" in refused.value.message and "pause_wait_s" in refused.value.message
+    assert UPDATE not in [p for _, p in calls] and sorted(h for h, p in calls if p == RESUME) == ["w0", "w1"]
+    assert routes["tiny"].checkpoint_version == "base" and routes["tiny"].weight_dir is None
+
+
+def test_any_other_refusal_labelled_text_plain_is_a_failure_at_once_not_a_success(deployment):
+    """Before: a refusal labelled text/plain (Dynamo's label) read as success, and the alias
+    recorded weights the engine had never loaded."""
+    dep, routes, weights, base, new = deployment
+    for refused_path, says in ((PAUSE, "Invalid mode"), (UPDATE, "Worker must be paused")):
+        calls = []
+
+        def answer(request):
+            if request.url.path == refused_path:
+                return dynamo_says({"status": "error", "message": says})
+            return dynamo_says({"status": "ok"})
+
+        with pytest.raises(APIError) as failed:
+            reload_answered_by(weights, dep, new, answer, calls)
+        assert failed.value.status == 502 and says in failed.value.message
+        assert [p for h, p in calls if h == "w0"].count(PAUSE) == 1  # not asked again
+        assert routes["tiny"].checkpoint_version == "base" and routes["tiny"].weight_dir is None
+
+
+def test_a_reload_inside_a_clients_pause_leaves_its_requests_held_until_the_resume(deployment):
+    """prime-rl pauses, reloads, resumes: the reload's end must not let requests through to the
+    engine the client still holds paused (an adapter's request there is refused, a 500)."""
+    dep, routes, weights, base, new = deployment
+    order = []
+
+    async def go():
+        async def answer(request: httpx.Request) -> httpx.Response:
+            order.append(request.url.path)
+            return dynamo_says({"status": "ok"})
+
+        async def request_arriving():
+            await asyncio.sleep(0)
+            await weights.gate.passage("d")
+            order.append("request sent")
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            weights.gate.hold("d")  # the client's /pause
+            arriving = asyncio.create_task(request_arriving())
+            await weights.reload(http, dep, new, "step_9")
+            await asyncio.sleep(0.05)
+            order.append("client resumes")
+            weights.gate.release("d")  # its /resume
+            await arriving
+
+    asyncio.run(go())
+    assert order.index("request sent") > order.index("client resumes"), order
