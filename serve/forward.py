@@ -241,13 +241,26 @@ class Forwarder:
             return parse_tools(body, self.bounds, self.tool_limits, key)
         return await self.turns.run(team, parse_tools, body, self.bounds, self.tool_limits, key)
 
+    async def _send_past_reloads(self, attempt: Attempt, dep: str):
+        """``send`` once the deployment is not being reloaded (serve/reload_gate.py); a failure
+        before the first token after a reload or pause began is sent again once it has ended:
+        the paused engine refused it unstarted (Dynamo does so to an adapter's request, a 500)."""
+        await self.reload_gate.passage(dep)
+        passed = self.reload_gate.begun(dep)
+        try:
+            return await send(self.pool, attempt, self.config.first_token_timeout_s)
+        except AttemptFailed as failed:
+            if not failed.retryable or self.reload_gate.begun(dep) == passed:
+                raise
+        await self.reload_gate.passage(dep)
+        return await send(self.pool, attempt, self.config.first_token_timeout_s)
+
     async def _attempt(self, attempt: Attempt) -> dict | Stream:
         """Send, then relay a stream or read a unary answer; the answer is delivered only once
         its trace is durable."""
         dep, capture, ctx = attempt.deployment.name, attempt.capture, attempt.ctx
         self.settler.keep_alive(attempt)  # a unary answer may take longer than the lease's TTL
-        await self.reload_gate.passage(dep)
-        upstream = await send(self.pool, attempt, self.config.first_token_timeout_s)
+        upstream = await self._send_past_reloads(attempt, dep)
         self.metrics.upstream_first_byte(dep, time.monotonic() - capture.sent_mono)
         if attempt.stream:
             self.settler.stop_renewing(attempt)  # the relay renews from its own start (serve/relay.py)

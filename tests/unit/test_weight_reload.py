@@ -222,3 +222,34 @@ def test_a_reload_inside_a_clients_pause_leaves_its_requests_held_until_the_resu
 
     asyncio.run(go())
     assert order.index("request sent") > order.index("client resumes"), order
+
+
+def test_a_request_the_paused_engine_refused_unstarted_is_sent_again_once_the_reload_ends(monkeypatch):
+    """A request that passed the gate just before a reload began reaches the paused engine, which
+    refuses an adapter's request (a 500 before any token): sent again when the gate opens, it is
+    answered; a failure with no reload begun meanwhile fails over as before."""
+    from serve import forward
+    from serve.attempt import AttemptFailed
+    from serve.outcome import Outcome
+
+    refused = AttemptFailed(APIError(500, "Internal server error", type="server_error"), Outcome.UPSTREAM_ERROR)
+    fwd = forward.Forwarder.__new__(forward.Forwarder)
+    fwd.reload_gate, fwd.config, fwd.pool = ReloadGate(), GatewayConfig(), None
+    sent = []
+
+    async def send(pool, attempt, timeout_s):
+        sent.append(fwd.reload_gate.begun("d"))
+        if len(sent) == 1:
+            if attempt == "during a reload":
+                fwd.reload_gate.hold("d")  # the reload begins while this request is on its way
+                asyncio.get_running_loop().call_later(0.05, fwd.reload_gate.release, "d")
+            raise refused
+        return "answered"
+
+    monkeypatch.setattr(forward, "send", send)
+    assert asyncio.run(fwd._send_past_reloads("during a reload", "d")) == "answered"
+    assert sent == [0, 1]  # the second time after the hold began, and ended
+    sent.clear()
+    with pytest.raises(AttemptFailed):
+        asyncio.run(fwd._send_past_reloads("no reload", "d"))
+    assert sent == [1]  # once: the next deployment's turn
