@@ -1,12 +1,16 @@
 """Trace browser benchmark: the /ui pages' queries over a store of synthetic traces.
 
     .venv/bin/python -m deploy.bench.ui [--traces 1000000] [--dir /tmp/flywheel-ui-bench] [--repeats 15]
-                                        [--chunks-per-file 8]
+                                        [--chunks-per-file 8 | --compact]
 
 The store is generated once, vectorised (numpy/pyarrow), in the writer's layout: each 100k-trace
 chunk's rows of a ``date=/model=`` partition are one row group of a zstd Parquet file, and a file
 holds ``--chunks-per-file`` of them (8: the size the compactor merges a partition's files up to),
-rewards through ``traces.feedback.write_feedback``. Trace ids are the gateway's, led by their
+rewards through ``traces.feedback.write_feedback``. With ``--compact`` each chunk's rows of a
+partition are a file of their own, as the mover writes them, and ``traces.housekeeping.compact``
+merges each partition's files into one: DuckDB's writer, the compactor's, whose row groups and
+encodings (a dictionary, hence a Bloom filter, for a column of few enough distinct values in a
+row group: the session ids) differ from pyarrow's. Trace ids are the gateway's, led by their
 millisecond. It is reused while its marker file says it holds this shape. Shape: 7 days, 2 models,
 3 teams, 20 checkpoints over the week, 5-turn sessions with prefix references, 3 % errors, 10 %
 tool calls, rewards on 5 %, Zipf-distributed words plus one topic word per trace out of 100 (so
@@ -34,6 +38,7 @@ import pyarrow.parquet as pq
 from deploy.bench import pct
 from serve.ui.queries import Reader, TraceFilters
 from traces.feedback import write_feedback
+from traces.housekeeping import compact
 from traces.schema import SCHEMA_VERSION, TRACE_SCHEMA
 from traces.mover import model_dir
 
@@ -211,7 +216,16 @@ def _chunk(rng, first: int, n: int, total: int) -> pa.Table:
     return table.slice(0, n)
 
 
-def generate(root: Path, total: int, chunks_per_file: int) -> None:
+def generate(root: Path, total: int, chunks_per_file: int, compacted: bool = False) -> None:
+    if compacted:
+        _generate(root, total, 1)
+        report = compact(root)
+        print(f"compacted: {report['files_in']} files into {report['files_out']}, {report['rows']:,} rows")
+    else:
+        _generate(root, total, chunks_per_file)
+
+
+def _generate(root: Path, total: int, chunks_per_file: int) -> None:
     rng = np.random.default_rng(0)
     pending: list[dict] = []
     open_files: dict[Path, tuple[pq.ParquetWriter, int]] = {}  # a partition's file: its writer, row groups
@@ -248,9 +262,9 @@ def generate(root: Path, total: int, chunks_per_file: int) -> None:
         writer.close()
 
 
-def ensure_store(root: Path, total: int, chunks_per_file: int) -> None:
+def ensure_store(root: Path, total: int, chunks_per_file: int, compacted: bool = False) -> None:
     marker = root / MARKER
-    shape = {"traces": total, "chunks_per_file": chunks_per_file}
+    shape = {"traces": total, "chunks_per_file": chunks_per_file} | ({"compacted": True} if compacted else {})
     if marker.exists() and json.loads(marker.read_text()) == {**shape, "complete": True}:
         how = "reusing the store"
     else:
@@ -261,7 +275,7 @@ def ensure_store(root: Path, total: int, chunks_per_file: int) -> None:
         root.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({**shape, "complete": False}))
         t0 = time.perf_counter()
-        generate(root, total, chunks_per_file)
+        generate(root, total, chunks_per_file, compacted)
         marker.write_text(json.dumps({**shape, "complete": True}))
         how = f"generated in {time.perf_counter() - t0:.1f} s"
     files = list(root.rglob("*.parquet"))
@@ -283,10 +297,16 @@ def main() -> None:
         help="row groups (100k-trace chunks) per file and partition: 8 makes files of ~200 MiB at "
         "100M traces, as the compactor leaves a partition (it merges up to 256 MiB); 1, a file per chunk",
     )
+    ap.add_argument(
+        "--compact",
+        action="store_true",
+        help="a file per chunk and partition, as the mover writes them, merged by traces.housekeeping.compact "
+        "(DuckDB's writer, as in a live store); ignores --chunks-per-file",
+    )
     ap.add_argument("--only", default="", help="comma-separated query names to time (default: all), e.g. 'first page,trace(id)'")
     args = ap.parse_args()
     root = Path(args.dir)
-    ensure_store(root, args.traces, args.chunks_per_file)
+    ensure_store(root, args.traces, args.chunks_per_file, args.compact)
 
     checkpoint = f"rl-step-{CHECKPOINTS // 2 * 100}"
     team = TEAMS[0]
