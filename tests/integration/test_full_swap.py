@@ -151,14 +151,18 @@ def test_a_reset_after_an_adapter_over_swapped_weights_serves_the_base_weights_a
 def test_reloads_and_pauses_while_an_adapter_serves_traffic_take_effect_and_fail_no_request(stack, admin, checkpoints, tmp_path):
     """Dynamo refuses to pause (keep) while an adapter's request runs, and says so in a 200 the
     gateway once read as success: a reload under a canary's adapter traffic was recorded but never
-    made (CI of stop 55: `tiny` stayed on the loop's weights for every later test)."""
+    made (CI of stop 55: `tiny` stayed on the loop's weights for every later test). And the base
+    requests batched beside the adapter's are the base's: on CPU they once got the adapter in the
+    engine's last LoRA slot (deploy/engine/vllm_plugin.py), where the busy one lands here."""
     from feedback.train import train_lora
 
     url, headers, swap = admin
     step_1, step_2 = checkpoints
-    rows = [{"prompt_token_ids": PROMPT_IDS, "completion_token_ids": [700, 701]}] * 4
-    adapter = train_lora(stack.model_path, rows, tmp_path / "adapter", TrainConfig(steps=2))
-    post(url, "/load_lora_adapter", headers, json={"lora_name": "busy-adapter", "lora_path": str(adapter)})
+    for name, target in (("first-adapter", [800, 801]), ("busy-adapter", [700, 701])):
+        rows = [{"prompt_token_ids": PROMPT_IDS, "completion_token_ids": target}] * 4
+        adapter = train_lora(stack.model_path, rows, tmp_path / name, TrainConfig(steps=2))
+        post(url, "/load_lora_adapter", headers, json={"lora_name": name, "lora_path": str(adapter)})
+        served_greedy(url, headers, name)  # in a slot: the busy one in the second (the engine has 2)
     stop, answers = threading.Event(), []
 
     def adapter_traffic():
@@ -189,7 +193,8 @@ def test_reloads_and_pauses_while_an_adapter_serves_traffic_take_effect_and_fail
         stop.set()
         for t in senders:
             t.join()
-        httpx.post(f"{url}/unload_lora_adapter", headers=headers, json={"lora_name": "busy-adapter"}, timeout=60)
+        for name in ("first-adapter", "busy-adapter"):
+            httpx.post(f"{url}/unload_lora_adapter", headers=headers, json={"lora_name": name}, timeout=60)
     print(f"\nadapter traffic through 3 reloads and a pause: {len(answers)} requests, {answers.count(200)} answered 200")
     assert answers and answers.count(200) == len(answers), sorted(set(answers))
 
