@@ -34,6 +34,16 @@ def deployment(tmp_path):
     return dep, routes, FullWeights(config, routes, ReloadGate()), base, new
 
 
+def reload_answered_by(weights, dep, new, answer):
+    """``weights.reload`` to ``new`` (as version step_9), each worker call answered by ``answer``."""
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            return await weights.reload(http, dep, new, "step_9")
+
+    return asyncio.run(go())
+
+
 def run(weights, dep, new, broken: set[str], calls: list):
     def answer(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content or b"{}")
@@ -42,11 +52,7 @@ def run(weights, dep, new, broken: set[str], calls: list):
             return httpx.Response(200, json={"status": "error", "message": "size mismatch in layer 3"})
         return httpx.Response(200, json={"status": "ok"})
 
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-            return await weights.reload(http, dep, new, "step_9")
-
-    return asyncio.run(go())
+    return reload_answered_by(weights, dep, new, answer)
 
 
 def test_one_failing_worker_rolls_every_worker_back_and_moves_no_alias(deployment):
@@ -131,16 +137,14 @@ def dynamo_says(body: dict) -> httpx.Response:
 ADAPTER_BUSY = {"status": "error", "message": "Cannot pause generation in keep mode with active LoRA requests: tiny@a"}
 
 
-def reload_answered_by(weights, dep, new, answer, calls: list):
+def logged_in(calls: list, answer):
+    """``answer``, noting each call's (worker, path) in ``calls``."""
+
     def logged(request: httpx.Request) -> httpx.Response:
         calls.append((request.url.host, request.url.path))
         return answer(request)
 
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(logged)) as http:
-            return await weights.reload(http, dep, new, "step_9")
-
-    return asyncio.run(go())
+    return logged
 
 
 def test_a_pause_refused_while_adapter_requests_run_is_asked_again_until_they_have_ended(deployment):
@@ -153,7 +157,7 @@ def test_a_pause_refused_while_adapter_requests_run_is_asked_again_until_they_ha
             return dynamo_says(ADAPTER_BUSY)
         return dynamo_says({"status": "ok"})
 
-    reload_answered_by(weights, dep, new, answer, calls)
+    reload_answered_by(weights, dep, new, logged_in(calls, answer))
     assert [p for h, p in calls if h == "w0"].count(PAUSE) == 4
     first_update = calls.index(next(c for c in calls if c[1] == UPDATE))
     assert [p for _, p in calls[first_update:]].count(PAUSE) == 0  # every worker paused before any reload
@@ -169,7 +173,7 @@ def test_adapter_requests_outlasting_pause_wait_s_are_a_503_that_changes_nothing
         return dynamo_says(ADAPTER_BUSY if request.url.path == PAUSE else {"status": "ok"})
 
     with pytest.raises(APIError) as refused:
-        reload_answered_by(weights, dep, new, answer, calls)
+        reload_answered_by(weights, dep, new, logged_in(calls, answer))
     assert refused.value.status == 503 and "adapter requests" in refused.value.message
     assert "nothing was changed" in refused.value.message and "pause_wait_s" in refused.value.message
     assert UPDATE not in [p for _, p in calls] and sorted(h for h, p in calls if p == RESUME) == ["w0", "w1"]
@@ -189,7 +193,7 @@ def test_any_other_refusal_labelled_text_plain_is_a_failure_at_once_not_a_succes
             return dynamo_says({"status": "ok"})
 
         with pytest.raises(APIError) as failed:
-            reload_answered_by(weights, dep, new, answer, calls)
+            reload_answered_by(weights, dep, new, logged_in(calls, answer))
         assert failed.value.status == 502 and says in failed.value.message
         assert [p for h, p in calls if h == "w0"].count(PAUSE) == 1  # not asked again
         assert routes["tiny"].checkpoint_version == "base" and routes["tiny"].weight_dir is None
