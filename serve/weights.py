@@ -223,9 +223,9 @@ async def pause(
     weights.gate.hold(dep.name)
     try:
         await pause_workers(http, dep, {"mode": mode, "clear_cache": clear_cache}, gw.config.pause_wait_s)
-    except APIError:
-        await call_workers(http, dep, "POST", RESUME, {})  # the ones already paused: none stays so
+    except BaseException:  # refused, or cut short: none stays paused, nothing stays held
         weights.gate.release(dep.name)
+        await call_workers(http, dep, "POST", RESUME, {})
         raise
     weights.paused_by_client.add(dep.name)
     return {"status": "success", "paused": dep.name, "mode": mode}
