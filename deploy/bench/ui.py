@@ -264,7 +264,7 @@ def _generate(root: Path, total: int, chunks_per_file: int) -> None:
 
 def ensure_store(root: Path, total: int, chunks_per_file: int, compacted: bool = False) -> None:
     marker = root / MARKER
-    shape = {"traces": total, "chunks_per_file": chunks_per_file} | ({"compacted": True} if compacted else {})
+    shape = {"traces": total} | ({"compacted": True} if compacted else {"chunks_per_file": chunks_per_file})
     if marker.exists() and json.loads(marker.read_text()) == {**shape, "complete": True}:
         how = "reusing the store"
     else:
