@@ -155,9 +155,12 @@ def feedback_partitions(root: Path) -> list[Path]:
     return sorted(p for p in (root / FEEDBACK_DIR).glob("date=*") if p.is_dir())
 
 
-# (the column naming a row, the column that says which copy is newest, the schema's version key)
-TRACE_ROWS = ("trace_id", "time_done", "flywheel.schema_version")
-FEEDBACK_ROWS = ("feedback_id", "time_created", "flywheel.feedback_schema_version")
+# (the column naming a row, the column that says which copy is newest, the merged file's row
+# order, the schema's version key). The order keeps each row group's statistics narrow for the
+# readers' bounds: the trace browser walks spans of time_received; a reward's lookup bounds the
+# feedback by trace_id. Without it the de-duplicating window interleaves the row groups.
+TRACE_ROWS = ("trace_id", "time_done", "time_received, trace_id", "flywheel.schema_version")
+FEEDBACK_ROWS = ("feedback_id", "time_created", "trace_id, feedback_id", "flywheel.feedback_schema_version")
 
 
 def merge_part(
@@ -170,11 +173,12 @@ def merge_part(
     prefix: str = "compact-",
     keep_inputs: bool = False,
 ) -> None:
-    """Journal, write the merged file (one row per key, its newest copy), rename it in,
-    remove the inputs, remove the journal: a crash anywhere is finished or undone by
-    ``recover``, and ``visible_files`` never shows a row twice meanwhile. With ``keep_inputs``
-    the inputs and a journal of this merge's own stay, for a later ``recover`` to remove."""
-    key, newest, version_key = rows_of
+    """Journal, write the merged file (one row per key, its newest copy, in ``rows_of``'s
+    order), rename it in, remove the inputs, remove the journal: a crash anywhere is finished
+    or undone by ``recover``, and ``visible_files`` never shows a row twice meanwhile. With
+    ``keep_inputs`` the inputs and a journal of this merge's own stay, for a later ``recover``
+    to remove."""
+    key, newest, order, version_key = rows_of
     if len(inputs) < min_files:
         return
     names = [f.name for f in inputs]
@@ -187,7 +191,7 @@ def merge_part(
     files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in inputs)
     rows = con.execute(
         f"COPY (SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false) "
-        f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY {newest} DESC NULLS LAST) = 1) "
+        f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY {newest} DESC NULLS LAST) = 1 ORDER BY {order}) "
         f"TO '{str(tmp).replace(chr(39), chr(39) * 2)}' (FORMAT parquet, COMPRESSION zstd, "
         f"KV_METADATA {{'{version_key}': '{_max_version(inputs, version_key)}'}})"
     ).fetchall()[0][0]

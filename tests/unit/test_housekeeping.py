@@ -3,7 +3,8 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow.parquet as pq
 
-from traces.schema import SCHEMA_VERSION
+from traces.schema import FEEDBACK_DIR, SCHEMA_VERSION
+from traces.feedback import write_feedback
 from traces.housekeeping import JOURNAL, compact, doctor, partitions, recover, retain
 from traces.store import TraceStore
 from traces.writer import TraceWriter
@@ -38,6 +39,28 @@ def test_compaction_merges_small_files_without_losing_or_duplicating_rows(tmp_pa
     assert pq.read_metadata(out).metadata[b"flywheel.schema_version"] == str(SCHEMA_VERSION).encode()
     store = TraceStore(tmp_path)
     assert store.sql("SELECT count(*) AS n, count(DISTINCT trace_id) AS d FROM traces").to_pylist() == [{"n": 30, "d": 30}]
+
+
+def test_a_merged_file_holds_its_traces_in_time_order_and_its_feedback_in_trace_order(tmp_path):
+    """A time bound (the trace browser's spans) or a trace id bound (a reward's feedback) skips
+    a merged file's row groups by their statistics only if the merge keeps its rows in order."""
+    start = datetime(2026, 12, 6, 9, tzinfo=timezone.utc)
+    writers = [TraceWriter(tmp_path, gw, max_age_s=3600) for gw in ("gw-a", "gw-b")]
+    for i in range(60):  # two gateways' files interleave in time; ids run against time
+        row = {"trace_id": f"t{999 - i}", "gen_ai_request_model": "m", "time_received": start + timedelta(seconds=i)}
+        writers[i % 2].write(row)
+        if i % 10 == 9:
+            writers[i % 2].flush()
+    for w in writers:
+        w.close()
+    for first in (40, 20, 0):  # feedback written newest trace first
+        write_feedback(tmp_path, [{"trace_id": f"t{999 - i}", "name": "reward", "reward": 1.0} for i in range(first, first + 20)])
+    assert compact(tmp_path)["files_out"] == 2
+    [traces] = list(partitions(tmp_path)[0].glob("*.parquet"))
+    received = pq.read_table(traces, columns=["time_received"])["time_received"].to_pylist()
+    assert received == [start + timedelta(seconds=i) for i in range(60)]
+    [feedback] = list((tmp_path / FEEDBACK_DIR).rglob("*.parquet"))
+    assert pq.read_table(feedback, columns=["trace_id"])["trace_id"].to_pylist() == [f"t{i}" for i in range(940, 1000)]
 
 
 def test_an_interrupted_compaction_is_invisible_to_readers_and_recovered(tmp_path):
