@@ -163,6 +163,17 @@ TRACE_ROWS = ("trace_id", "time_done", "time_received, trace_id", "flywheel.sche
 FEEDBACK_ROWS = ("feedback_id", "time_created", "trace_id, feedback_id", "flywheel.feedback_schema_version")
 
 
+# How a merged file's row groups are cut. A page's lookups (one trace, the newest rows of a
+# span) decode each row group they cannot skip whole: at 10M traces, DuckDB's default of 122,880
+# rows took a trace by id 344-370 ms, 32,768 rows 134-143 ms, while the usage page, which scans
+# every row, took 12-16 % longer (16,384 rows: 1.4-2x). A string column with at most 16,384 distinct
+# values in a group (in a full group, a session id of two turns or more) is dictionary-encoded,
+# and DuckDB writes a Bloom filter for it: an admin's session lookup skips the groups without
+# the id (409 -> 95 ms). Trace ids and texts, nearly all distinct, stay plain in a full group
+# (in a smaller one, +7 % bytes). deploy/bench/results/2026-12-06/ui-10M-compact-*.txt
+MERGED_LAYOUT = "ROW_GROUP_SIZE 32768, DICTIONARY_SIZE_LIMIT 16384"
+
+
 def merge_part(
     con,
     part: Path,
@@ -192,7 +203,7 @@ def merge_part(
     rows = con.execute(
         f"COPY (SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false) "
         f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY {newest} DESC NULLS LAST) = 1 ORDER BY {order}) "
-        f"TO '{str(tmp).replace(chr(39), chr(39) * 2)}' (FORMAT parquet, COMPRESSION zstd, "
+        f"TO '{str(tmp).replace(chr(39), chr(39) * 2)}' (FORMAT parquet, COMPRESSION zstd, {MERGED_LAYOUT}, "
         f"KV_METADATA {{'{version_key}': '{_max_version(inputs, version_key)}'}})"
     ).fetchall()[0][0]
     seal(tmp, part / output)

@@ -1,6 +1,8 @@
 import json
 from datetime import datetime, timedelta, timezone
 
+import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.schema import FEEDBACK_DIR, SCHEMA_VERSION
@@ -61,6 +63,26 @@ def test_a_merged_file_holds_its_traces_in_time_order_and_its_feedback_in_trace_
     assert received == [start + timedelta(seconds=i) for i in range(60)]
     [feedback] = list((tmp_path / FEEDBACK_DIR).rglob("*.parquet"))
     assert pq.read_table(feedback, columns=["trace_id"])["trace_id"].to_pylist() == [f"t{i}" for i in range(940, 1000)]
+
+
+def test_a_merged_file_carries_bloom_filters_for_session_ids_not_for_trace_ids(tmp_path):
+    """An admin's session lookup skips each row group whose Bloom filter rules the id out; ids
+    that are all distinct get no dictionary (and so no filter) to carry."""
+    part = tmp_path / "date=2026-12-06" / "model=m"
+    part.mkdir(parents=True)
+    for half in range(2):  # 10,000 sessions of two turns, a turn in each file
+        rows = range(half * 10_000, (half + 1) * 10_000)
+        at = [datetime(2026, 12, 6, tzinfo=timezone.utc) + timedelta(milliseconds=i) for i in rows]
+        ids = {"trace_id": [f"t{i}" for i in rows], "gen_ai_conversation_id": [f"s{i % 10_000}" for i in rows]}
+        table = pa.table({**ids, "time_received": at, "time_done": at})
+        pq.write_table(table, part / f"gw-{half}.parquet")
+    assert compact(tmp_path)["rows"] == 20_000
+    [merged] = list(part.glob("*.parquet"))
+    blooms = "SELECT path_in_schema, count(bloom_filter_offset) FROM parquet_metadata($1) GROUP BY ALL"
+    with_filter = dict(duckdb.execute(blooms, [str(merged)]).fetchall())
+    assert (with_filter["gen_ai_conversation_id"], with_filter["trace_id"]) == (1, 0)
+    store = TraceStore(tmp_path)
+    assert store.sql("SELECT count(*) AS n FROM traces WHERE gen_ai_conversation_id = 's42'").to_pylist() == [{"n": 2}]
 
 
 def test_an_interrupted_compaction_is_invisible_to_readers_and_recovered(tmp_path):
