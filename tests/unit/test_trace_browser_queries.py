@@ -132,6 +132,19 @@ def test_a_record_and_a_session(store):
     assert reader.session("s-none") == [] and Reader(store, "blue", 30).session("s1")[0]["trace_id"] == "tr-12"
 
 
+def test_a_teams_session_shows_its_own_turns_even_if_the_lookup_of_its_ids_names_others(store, monkeypatch):
+    """The ids of a team's session are looked up by the admin's reader; the turns come from the
+    team's own snapshot, so an id of another team's turn finds nothing."""
+    everyone = Reader(store, None, 30).rows(
+        "SELECT trace_id, date, time_received FROM traces WHERE gen_ai_conversation_id = 's1'"
+    )
+    monkeypatch.setattr(Reader, "_session_traces", lambda self, session_id: everyone)
+    assert "tr-12" in {t["trace_id"] for t in everyone}  # blue's
+    assert [t["trace_id"] for t in Reader(store, "red", 30).session("s1")] == [
+        "tr-10", "tr-11", "tr-13", "tr-14", "tr-15", "tr-17", "tr-18", "tr-19"
+    ]  # fmt: skip
+
+
 def test_unreadable_filters_say_which(store):
     for filters in (TraceFilters(since="soon"), TraceFilters(reward_min="x"), TraceFilters(status="bad")):
         with pytest.raises(BadFilter):
