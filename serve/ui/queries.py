@@ -378,12 +378,13 @@ class Reader:
         )
 
     def session(self, session_id: str) -> list[dict]:
-        """The session's turns. For a team, in two steps: which traces and days, then their
-        columns from those days only, through the team's own snapshot. A team's rows come through
-        an Arrow scan, which reads no Bloom filter and every projected column of each row group it
-        cannot skip before it filters (3.3 s in one step at 10M traces, 1.3-1.8 s with the first
-        step on it too); DuckDB's own reader, the admin's, skips a row group whose Bloom filter
-        rules the session id out, and reads the other columns only for the rows that matched."""
+        """The session's turns. For a team, in two steps: which traces, days and times (the
+        admin's reader, ``_session_traces``), then their columns within those days and times,
+        through the team's own snapshot. A team's rows come through an Arrow scan, which reads
+        no Bloom filter and every projected column of each row group it cannot skip before it
+        filters (3.3 s in one step at 10M traces, 1.3-1.8 s with the first step on it too);
+        DuckDB's own reader, the admin's, skips a row group whose Bloom filter rules the session
+        id out, and reads the other columns only for the rows that matched."""
         where, params = "gen_ai_conversation_id = $1", [session_id]
         if self.team is not None:
             found = self._session_traces(session_id)

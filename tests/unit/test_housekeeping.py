@@ -5,9 +5,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.schema import FEEDBACK_DIR, SCHEMA_VERSION
 from traces.feedback import write_feedback
 from traces.housekeeping import JOURNAL, compact, doctor, partitions, recover, retain
+from traces.schema import FEEDBACK_DIR, SCHEMA_VERSION
 from traces.store import TraceStore
 from traces.writer import TraceWriter
 
