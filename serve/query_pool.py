@@ -82,6 +82,21 @@ class QueryPool:
         self._idle: list[_Worker] = []
         self._free: asyncio.Semaphore | None = None
         self._closed = False
+        self._remove_dead_spills()
+
+    def _remove_dead_spills(self) -> None:
+        """A worker spills into a folder named by its PID; a gateway killed outright leaves its
+        workers' folders behind (measured: hundreds, empty, after many test runs). Those of
+        processes no longer running go; a running one's stays, whoever started it."""
+        if not self.spill_root or not Path(self.spill_root).is_dir():
+            return
+        for folder in Path(self.spill_root).iterdir():
+            if folder.name.isdigit() and not Path("/proc", folder.name).exists():
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _remove_spill(self, worker: _Worker) -> None:
+        if self.spill_root:
+            shutil.rmtree(Path(self.spill_root, str(worker.process.pid)), ignore_errors=True)
 
     async def run(self, fn: Callable[..., Any], *args) -> Any:
         """``fn(*args)`` in a worker (``fn`` a module-level function, args picklable), its
@@ -155,8 +170,7 @@ class QueryPool:
         if worker.process.poll() is None:
             worker.process.kill()
             worker.process.wait(timeout=5)
-        if self.spill_root:
-            shutil.rmtree(Path(self.spill_root, str(worker.process.pid)), ignore_errors=True)
+        self._remove_spill(worker)
 
     def close(self) -> None:
         """Stop every idle worker; a busy one is stopped when its query returns."""
@@ -166,6 +180,7 @@ class QueryPool:
             worker.conn.close()  # the worker reads EOF and exits
             try:
                 worker.process.wait(timeout=5)
+                self._remove_spill(worker)
             except subprocess.TimeoutExpired:
                 self._kill(worker)
 

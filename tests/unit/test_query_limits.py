@@ -84,6 +84,17 @@ def test_spilling_is_bounded_and_outside_the_store(small, tmp_path):
     assert not list((tmp_path / "traces").rglob("*.tmp")), "spilled into the trace store"
 
 
+def test_a_gateway_removes_its_workers_spill_folders_and_those_a_killed_one_left(tmp_path):
+    spill = tmp_path / "spill"
+    (spill / "999999999").mkdir(parents=True)  # a worker of a gateway killed outright (no such PID)
+    query = QueryConfig(max_spill_mb=8, spill_dir=str(spill), niceness=0)
+    with seeded_gateway(tmp_path, query=query) as (client, keys):
+        assert q(client, keys["red"], "SELECT count(*) FROM traces").json()["rows"] == [[4]]
+        assert [f.name for f in spill.iterdir()] != ["999999999"]  # the running worker's own only
+        assert not (spill / "999999999").exists()
+    assert list(spill.iterdir()) == []
+
+
 def test_values_json_cannot_hold_come_back_as_valid_json(small):
     client, keys = small
     r = q(
