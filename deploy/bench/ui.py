@@ -1,16 +1,18 @@
 """Trace browser benchmark: the /ui pages' queries over a store of synthetic traces.
 
     .venv/bin/python -m deploy.bench.ui [--traces 1000000] [--dir /tmp/flywheel-ui-bench] [--repeats 15]
-                                        [--chunks-per-file 8 | --compact]
+                                        [--chunks-per-file 8 | --compact [whole|levels]]
 
 The store is generated once, vectorised (numpy/pyarrow), in the writer's layout: each 100k-trace
 chunk's rows of a ``date=/model=`` partition are one row group of a zstd Parquet file, and a file
 holds ``--chunks-per-file`` of them (8: the size the compactor merges a partition's files up to),
 rewards through ``traces.feedback.write_feedback``. With ``--compact`` each chunk's rows of a
 partition are a file of their own, as the mover writes them, and ``traces.housekeeping.compact``
-merges each partition's files into one: DuckDB's writer, the compactor's, whose row groups and
-encodings (a dictionary, hence a Bloom filter, for a column of few enough distinct values in a
-row group: the session ids) differ from pyarrow's. Trace ids are the gateway's, led by their
+merges each partition's files into one (``whole``, as ``flywheel traces compact``), or the
+gateway's compactor merges them in levels of 8 up to 256 MiB inputs (``levels``,
+``traces.compactor.compact_levels``: what a live store holds): DuckDB's writer, whose row groups
+and encodings (a dictionary, hence a Bloom filter, for a column of few enough distinct values in
+a row group: the session ids) differ from pyarrow's. Trace ids are the gateway's, led by their
 millisecond. It is reused while its marker file says it holds this shape. Shape: 7 days, 2 models,
 3 teams, 20 checkpoints over the week, 5-turn sessions with prefix references, 3 % errors, 10 %
 tool calls, rewards on 5 %, Zipf-distributed words plus one topic word per trace out of 100 (so
@@ -38,7 +40,8 @@ import pyarrow.parquet as pq
 from deploy.bench import pct
 from serve.ui.queries import Reader, TraceFilters
 from traces.feedback import write_feedback
-from traces.housekeeping import compact
+from traces.compactor import compact_levels
+from traces.housekeeping import compact, compact_feedback, partitions
 from traces.schema import SCHEMA_VERSION, TRACE_SCHEMA
 from traces.mover import model_dir
 
@@ -216,11 +219,23 @@ def _chunk(rng, first: int, n: int, total: int) -> pa.Table:
     return table.slice(0, n)
 
 
-def generate(root: Path, total: int, chunks_per_file: int, compacted: bool = False) -> None:
-    if compacted:
+def generate(root: Path, total: int, chunks_per_file: int, compacted: str | None = None) -> None:
+    if compacted == "whole":
         _generate(root, total, 1)
         report = compact(root)
         print(f"compacted: {report['files_in']} files into {report['files_out']}, {report['rows']:,} rows")
+    elif compacted == "levels":
+        _generate(root, total, 1)
+        parts = partitions(root)
+        for n, part in enumerate(parts, 1):
+            t0 = time.perf_counter()
+            report = compact_levels(root, part, fanout=8, keep_inputs_s=0)
+            print(
+                f"compacted {part.relative_to(root)} ({n}/{len(parts)}): {report['files_in']} files merged into "
+                f"{report['files_out']}, {len(list(part.glob('*.parquet')))} files now, {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
+        compact_feedback(root)
     else:
         _generate(root, total, chunks_per_file)
 
@@ -262,9 +277,11 @@ def _generate(root: Path, total: int, chunks_per_file: int) -> None:
         writer.close()
 
 
-def ensure_store(root: Path, total: int, chunks_per_file: int, compacted: bool = False) -> None:
+def ensure_store(root: Path, total: int, chunks_per_file: int, compacted: str | None = None) -> None:
     marker = root / MARKER
-    shape = {"traces": total} | ({"compacted": True} if compacted else {"chunks_per_file": chunks_per_file})
+    # a whole-compacted store's marker is as it was before levels existed, so those stores are reused
+    marked = {"whole": True, "levels": "levels"}
+    shape = {"traces": total} | ({"compacted": marked[compacted]} if compacted else {"chunks_per_file": chunks_per_file})
     if marker.exists() and json.loads(marker.read_text()) == {**shape, "complete": True}:
         how = "reusing the store"
     else:
@@ -299,8 +316,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--compact",
-        action="store_true",
+        nargs="?",
+        const="whole",
+        choices=["whole", "levels"],
         help="a file per chunk and partition, as the mover writes them, merged by traces.housekeeping.compact "
+        "into a file per partition (whole, the default) or by the gateway's compactor in levels of 8 (levels) "
         "(DuckDB's writer, as in a live store); ignores --chunks-per-file",
     )
     ap.add_argument("--only", default="", help="comma-separated query names to time (default: all), e.g. 'first page,trace(id)'")
