@@ -229,15 +229,31 @@ def generate(root: Path, total: int, chunks_per_file: int, compacted: str | None
         parts = partitions(root)
         for n, part in enumerate(parts, 1):
             t0 = time.perf_counter()
-            report = compact_levels(root, part, fanout=8, keep_inputs_s=0)
+            merged = _compact_as_written(root, part)
             print(
-                f"compacted {part.relative_to(root)} ({n}/{len(parts)}): {report['files_in']} files merged into "
-                f"{report['files_out']}, {len(list(part.glob('*.parquet')))} files now, {time.perf_counter() - t0:.0f} s",
+                f"compacted {part.relative_to(root)} ({n}/{len(parts)}): {merged} merges, "
+                f"{len(list(part.glob('*.parquet')))} files now, {time.perf_counter() - t0:.0f} s",
                 flush=True,
             )
         compact_feedback(root)
     else:
         _generate(root, total, chunks_per_file)
+
+
+def _compact_as_written(root: Path, part: Path) -> int:
+    """The partition's files handed back one at a time, oldest first, the gateway's compactor
+    looking after each as it does after the mover writes one: a level merges once it holds 8
+    files (given all at once, the 40-odd files of a partition would be one merge). Returns the
+    merges made."""
+    waiting = part.with_name("_waiting-" + part.name)  # outside the partitions glob
+    part.rename(waiting)
+    part.mkdir()
+    merges = 0
+    for f in sorted(waiting.glob("*.parquet")):
+        f.rename(part / f.name)
+        merges += compact_levels(root, part, fanout=8, keep_inputs_s=0)["files_out"]
+    waiting.rmdir()
+    return merges
 
 
 def _generate(root: Path, total: int, chunks_per_file: int) -> None:
