@@ -204,6 +204,21 @@ def id_days(trace_id: str) -> list[date]:
         return []
 
 
+def _these_traces(found: list[dict], first: int) -> tuple[str, list]:
+    """A WHERE clause for exactly these traces (rows with trace_id, date and time_received) and
+    its parameters, numbered from ``$first``: their ids, and, when every one has a time, the
+    span of their times and their days, bounds that let a scan skip files, days and row groups."""
+    times = [t["time_received"] for t in found if t["time_received"] is not None]
+    dates = sorted({t["date"] for t in found if t["date"] is not None})
+    params: list = [[t["trace_id"] for t in found]]
+    clauses = [f"trace_id IN (SELECT unnest(${first}))"]
+    if dates and len(times) == len(found):
+        params += [min(times), max(times), *dates]
+        clauses.append(f"time_received BETWEEN ${first + 1} AND ${first + 2}")
+        clauses.append("date IN (" + ", ".join(f"${first + 3 + i}" for i in range(len(dates))) + ")")
+    return " AND ".join(clauses), params
+
+
 def _number(name: str, value: str, default: float) -> float:
     try:
         return float(value) if value else default
@@ -314,18 +329,8 @@ class Reader:
     def _page_rows(self, wanted: list[dict]) -> list[dict]:
         if not wanted:
             return []
-        times = [w["time_received"] for w in wanted if w["time_received"] is not None]
-        dates = sorted({w["date"] for w in wanted if w["date"] is not None})
-        params: list = [[w["trace_id"] for w in wanted]]
-        clauses = ["trace_id IN (SELECT unnest($1))"]
-        if dates and len(times) == len(wanted):  # bounds that let the scan skip files and days
-            params += [min(times), max(times)]
-            clauses.append("time_received BETWEEN $2 AND $3")
-            clauses.append("date IN (" + ", ".join(f"${i + 4}" for i in range(len(dates))) + ")")
-            params += dates
-        by_id = {
-            r["trace_id"]: r for r in self.rows(f"SELECT {LIST_COLUMNS}, team FROM traces WHERE {' AND '.join(clauses)}", params)
-        }
+        where, params = _these_traces(wanted, 1)
+        by_id = {r["trace_id"]: r for r in self.rows(f"SELECT {LIST_COLUMNS}, team FROM traces WHERE {where}", params)}
         rows = [by_id[w["trace_id"]] for w in wanted if w["trace_id"] in by_id]
         rewards = self._latest_rewards(rows)
         for r in rows:
@@ -390,16 +395,8 @@ class Reader:
             found = self._session_traces(session_id)
             if not found:
                 return []
-            days = sorted({t["date"] for t in found if t["date"] is not None})
-            where += " AND trace_id IN (SELECT unnest($2))"
-            params.append([t["trace_id"] for t in found])
-            if days:
-                where += " AND date IN (" + ", ".join(f"${len(params) + i + 1}" for i in range(len(days))) + ")"
-                params += days
-            times = [t["time_received"] for t in found]
-            if None not in times:  # the scan skips each row group outside the session's time
-                where += f" AND time_received BETWEEN ${len(params) + 1} AND ${len(params) + 2}"
-                params += [min(times), max(times)]
+            bounds, bound = _these_traces(found, 2)
+            where, params = f"{where} AND {bounds}", params + bound
         return self.rows(f"SELECT {SESSION_COLUMNS} FROM traces WHERE {where} ORDER BY time_received, trace_id", params)
 
     def _session_traces(self, session_id: str) -> list[dict]:
