@@ -5,12 +5,14 @@ supervisor, and one Dynamo graph (frontend + mocker workers) per deployment, on 
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -221,11 +223,18 @@ def long_stream(cfg, headers: dict, model: str, i: int, started: threading.Event
         out.append((r.status_code, tokens, finish, response_id))
 
 
-def migrations(frontend_url: str) -> float:
-    """Streams the graph's frontend moved to another worker after theirs went away."""
+def migrations(frontend_url: str) -> Counter:
+    """Requests the graph's frontend sent again to another worker, by Dynamo's migration type:
+    ``ongoing_request`` (a stream cut after it began) or ``new_request`` (its worker went away
+    before the stream was established)."""
     text = httpx.get(f"{frontend_url}/metrics", timeout=5).text
-    counts = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith("dynamo_frontend_model_migration_total")]
-    return sum(map(float, counts))
+    counted = Counter()
+    for line in text.splitlines():
+        if line.startswith("dynamo_frontend_model_migration_total"):
+            counted_by = re.match(r'[^{]*\{[^}]*migration_type="(\w+)"[^}]*\} (\S+)$', line)
+            assert counted_by, f"a migration count without its type: {line}"
+            counted[counted_by.group(1)] += float(counted_by.group(2))
+    return counted
 
 
 def test_scale_1_3_1_under_load_fails_nothing_and_every_replica_serves(dedicated, keys):
@@ -273,7 +282,13 @@ def test_scale_1_3_1_under_load_fails_nothing_and_every_replica_serves(dedicated
             t.join()
     # every long stream finished where it ran: whole, and none moved to another worker
     assert sorted(d[:3] for d in done) == [(200, LONG, "length")] * 9, done
-    assert migrations(graph_url) == 0
+    moved = migrations(graph_url)
+    assert moved["ongoing_request"] == 0, moved
+    # a request the router gave a replica in the milliseconds before its removal reached the
+    # frontend is cancelled by the frontend's discovery cleanup and sent again before any token
+    # (seen once in CI): at most one per replica taken away; more would be a replica stopped
+    # while still routed to
+    assert moved["new_request"] <= 2, moved
     workers = [n for n in graph_processes(dedicated.run_dir).get(dep["id"], []) if n.startswith("worker-")]
     assert workers == [f"worker-0-{dep['id']}"], workers  # the two scaled away are stopped
     assert len(sent) >= 50 and failed == [], (len(sent), failed[:5])
