@@ -135,8 +135,8 @@ class TraceStore:
         for attempt in range(RETRIES + 1):
             try:
                 return self._define_views()
-            except _READ_FAILED as exc:
-                if not _file_gone(exc) or attempt == RETRIES:
+            except READ_FAILED as exc:
+                if not file_gone(exc) or attempt == RETRIES:
                     raise
             except FileNotFoundError:  # a team's views are Arrow datasets: Arrow says it so
                 if attempt == RETRIES:
@@ -146,8 +146,7 @@ class TraceStore:
         # The current layout is bound as an explicit list of files, so every query of this
         # snapshot reads the same files: a glob would be expanded again at each query and could
         # see a compaction's output beside its inputs.
-        current = _newest_first([f for part in partitions(self.root) for f in visible_files(part)])
-        legacy = sorted(self.root.glob(LAYOUTS[1]))  # never compacted
+        current, legacy = trace_files(self.root)
         if self.team is not None:
             # A team's connection holds nothing unfiltered: its rows come through an Arrow
             # dataset filtered to the team, and DuckDB itself may open no file at all, so no
@@ -230,8 +229,8 @@ class TraceStore:
                 if attempt:
                     self.refresh()
                 return self._fetch(query, limit, params)
-            except _READ_FAILED as exc:
-                if not _file_gone(exc) or attempt == RETRIES:
+            except READ_FAILED as exc:
+                if not file_gone(exc) or attempt == RETRIES:
                     raise
                 if getattr(self, "_locked", False):
                     raise SnapshotGone(str(exc)) from None
@@ -247,8 +246,8 @@ class TraceStore:
             return [], iter(())
         try:
             reader = rel.to_arrow_reader(rows_per_batch)
-        except _READ_FAILED as exc:
-            raise (SnapshotGone(str(exc)) if _file_gone(exc) else exc) from None
+        except READ_FAILED as exc:
+            raise (SnapshotGone(str(exc)) if file_gone(exc) else exc) from None
         return list(reader.schema.names), _snapshot_batches(reader)
 
     def _fetch(self, query: str, limit: int | None, params: list | None) -> pa.Table:
@@ -304,7 +303,7 @@ _SCHEMAS: dict[pa.Schema, pa.Schema] = {}
 _MAX_FILES_KNOWN = 500_000
 
 
-def _once_per_file(cache: dict, path: Path, read):
+def once_per_file(cache: dict, path: Path, read):
     """``read(path)``, kept in ``cache`` by path, size and mtime (a file is never rewritten in
     place), at most ``_MAX_FILES_KNOWN`` entries."""
     st = path.stat()
@@ -324,7 +323,7 @@ def file_schema(path: Path) -> pa.Schema:
         schema = pq.read_schema(path).remove_metadata()
         return _SCHEMAS.setdefault(schema, schema)
 
-    return _once_per_file(_FILE_SCHEMAS, path, read)
+    return once_per_file(_FILE_SCHEMAS, path, read)
 
 
 _FILE_NEWEST: dict[tuple[str, int, int], datetime | None] = {}
@@ -346,7 +345,7 @@ def file_newest(path: Path) -> datetime | None:
                     newest = top if newest is None or top > newest else newest
         return newest if isinstance(newest, datetime) and newest.tzinfo else None
 
-    return _once_per_file(_FILE_NEWEST, path, read)
+    return once_per_file(_FILE_NEWEST, path, read)
 
 
 def newest_received(root: Path, day: date) -> datetime | None:
@@ -363,6 +362,13 @@ def newest_received(root: Path, day: date) -> datetime | None:
             if top is not None and (newest is None or top > newest):
                 newest = top
     return newest
+
+
+def trace_files(root: Path) -> tuple[list[Path], list[Path]]:
+    """The trace files a snapshot taken now reads: the current layout's visible ones (newest
+    first, see :func:`_newest_first`) and the first cut's (never compacted)."""
+    current = _newest_first([f for part in partitions(root) for f in visible_files(part)])
+    return current, sorted(root.glob(LAYOUTS[1]))
 
 
 def _newest_first(files: list[Path]) -> list[Path]:
@@ -414,8 +420,8 @@ def _team_dataset(root: Path, files: list[Path], schema: pa.Schema, team: str, h
 def _snapshot_batches(reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
     try:
         yield from reader
-    except _READ_FAILED as exc:
-        raise (SnapshotGone(str(exc)) if _file_gone(exc) else exc) from None
+    except READ_FAILED as exc:
+        raise (SnapshotGone(str(exc)) if file_gone(exc) else exc) from None
     except OSError as exc:  # DuckDB's error from inside its Arrow stream, as pyarrow raises it
         raise _duckdb_error(str(exc)) from None
 
@@ -426,7 +432,7 @@ def _duckdb_error(text: str) -> Exception:
         return duckdb.OutOfMemoryException(text)
     if text.startswith("INTERRUPT Error"):
         return duckdb.InterruptException(text)
-    if _file_gone(text):
+    if file_gone(text):
         return SnapshotGone(text)
     return duckdb.Error(text)
 
@@ -438,10 +444,10 @@ class SnapshotGone(RuntimeError):
 RETRIES = 3  # new snapshots an unlocked store's query takes after files vanished under it
 # a file DuckDB reads itself fails as an IOException; one a registered Arrow dataset reads (a
 # team's feedback) as an InvalidInputException around the same IOError
-_READ_FAILED = (duckdb.IOException, duckdb.InvalidInputException)
+READ_FAILED = (duckdb.IOException, duckdb.InvalidInputException)
 
 
-def _file_gone(exc: duckdb.Error | str) -> bool:
+def file_gone(exc: duckdb.Error | str) -> bool:
     text = str(exc)
     return "No such file" in text or "No files found" in text or "Cannot open file" in text
 

@@ -20,8 +20,11 @@ each topic is in ~1 % of traces: the search).
 
 Every query goes through a new ``serve.ui.queries.Reader``, so each one opens a fresh sandboxed
 snapshot exactly as a page request does; that cost is in every figure. Each query runs once to
-warm the page cache, then ``--repeats`` times, as the admin (all teams) and as one team. The goal
-is a list page (``Reader.traces``) in under 300 ms at p50.
+warm the page cache (its time is ``first``), then ``--repeats`` times, as the admin (all teams)
+and as one team. The bench is one process, as a query worker is: the usage and checkpoints pages'
+per-file totals (``traces.rollups``) are read at the admin's first run and kept, so their
+``first`` is a worker's first visit and their p50 every later one. The goal is a list page
+(``Reader.traces``) in under 300 ms at p50.
 """
 
 from __future__ import annotations
@@ -378,25 +381,27 @@ def main() -> None:
     results, list_ms = [], []
     for name, is_list, call in queries:
         for scope in (None, team):
-            call(Reader(str(root), scope, 120))  # warm-up: page cache, DuckDB's first-use costs
+            t0 = time.perf_counter()
+            call(Reader(str(root), scope, 120))  # warm-up: page cache, DuckDB's first-use costs, the per-file totals
+            first = (time.perf_counter() - t0) * 1e3
             ms = []
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
                 rows = call(Reader(str(root), scope, 120))  # a new snapshot, as for each page request
                 ms.append((time.perf_counter() - t0) * 1e3)
-            results.append((name, scope or "admin", pct(ms, 0.5), max(ms), rows, is_list))
+            results.append((name, scope or "admin", first, pct(ms, 0.5), max(ms), rows, is_list))
             list_ms += ms if is_list else []
             print(f"  {name:<16} {scope or 'admin':<9} {pct(ms, 0.5):8.0f} ms", flush=True)
 
     print(f"\n{args.traces:,} traces, {args.repeats} repeats, page size {PAGE}; max stands in for p99 at so few")
-    print(f"{'query':<16} {'scope':<9} {'p50 ms':>8} {'max ms':>8} {'rows':>6}")
-    for name, scope, p50, top, rows, _ in results:
-        print(f"{name:<16} {scope:<9} {p50:8.0f} {top:8.0f} {rows:6d}{'  > 300 ms' if p50 > 300 else ''}")
-    pairs = [r for r in results if r[5]]
+    print(f"{'query':<16} {'scope':<9} {'first ms':>8} {'p50 ms':>8} {'max ms':>8} {'rows':>6}")
+    for name, scope, first, p50, top, rows, _ in results:
+        print(f"{name:<16} {scope:<9} {first:8.0f} {p50:8.0f} {top:8.0f} {rows:6d}{'  > 300 ms' if p50 > 300 else ''}")
+    pairs = [r for r in results if r[6]]
     if pairs:
         print(
             f"list/filter queries: overall p50 {pct(list_ms, 0.5):.0f} ms against the 300 ms goal "
-            f"({sum(1 for r in pairs if r[2] > 300)} of {len(pairs)} query/scope pairs over it)"
+            f"({sum(1 for r in pairs if r[3] > 300)} of {len(pairs)} query/scope pairs over it)"
         )
 
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from serve.capture import trace_id_made
 from serve.trace_query import QueryLimits, json_rows, scoped_query, scoped_store
+from traces import rollups
 from traces.store import FEEDBACK_VISIBLE_SQL, SnapshotGone, feedback_visible, newest_received
 
 LIST_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_version,
@@ -426,11 +427,12 @@ class Reader:
         sql = "SELECT trace_id, date, time_received FROM traces WHERE gen_ai_conversation_id = $1 AND team = $2"
         return admin.rows(sql, [session_id, self.team])
 
+    def _totals(self) -> pa.Table:
+        """The store's per-file totals (``traces.rollups``), this caller's team's only."""
+        return rollups.rollups(Path(self.traces_dir), self.team, self.timeout_s)
+
     def by_checkpoint(self) -> dict[str, dict]:
-        served = self.rows(
-            "SELECT coalesce(checkpoint_version, 'base') AS version, count(*) AS traces, "
-            "max(time_received) AS last_served FROM traces GROUP BY ALL"
-        )
+        served = rollups.served_by_checkpoint(self._totals())
         rewards = self.rows(CHECKPOINT_REWARDS_SQL)
         out = {r["version"]: {**r, "mean_reward": None, "rewarded": 0} for r in served}
         for r in rewards:
@@ -438,13 +440,7 @@ class Reader:
         return out
 
     def usage(self) -> list[dict]:
-        return self.rows(
-            "SELECT day, team, model, sum(requests)::BIGINT AS requests, "
-            "coalesce(sum(input_tokens), 0)::BIGINT AS input_tokens, "
-            "coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens, "
-            "coalesce(sum(cached_input_tokens), 0)::BIGINT AS cached_input_tokens "
-            "FROM usage_by_team GROUP BY ALL ORDER BY day, team, model"
-        )
+        return rollups.usage(self._totals())
 
     def console(self, sql: str, limit: int) -> tuple[list[str], list[list[str]], bool]:
         """The SQL console's answer: column names, at most ``limit`` rows of cells cut to 300
