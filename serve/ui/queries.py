@@ -227,23 +227,28 @@ def _number(name: str, value: str, default: float) -> float:
         raise BadFilter(f"{name} must be a number, not {value!r}") from None
 
 
-# The `rewards` view's 'reward' per trace (its latest visible feedback) averaged by checkpoint,
-# with each trace read once, and only those the feedback names: joined to the view, every trace
-# was read twice and hashed, and a team's checkpoints page ran out of its 1 GB at 30M traces
-# (a team's traces are an Arrow scan, which gives DuckDB no row count to pick the smaller side
-# by). Here the feedback (5 % of the traces in the bench) is what is hashed.
+# The `rewards` view's 'reward' per trace (its latest visible feedback) summed by checkpoint,
+# for the traces whose ids are in [$1, $2), each read once, and only those the feedback names:
+# joined to the view, every trace was read twice and hashed, and a team's checkpoints page ran
+# out of its 1 GB at 30M traces (a team's traces are an Arrow scan, which gives DuckDB no row
+# count to pick the smaller side by). Here the feedback (5 % of the traces in the bench) is what
+# is hashed, a slice of ids at a time: all 5M rewards at once ran out of 1 GB at 100M traces.
 CHECKPOINT_REWARDS_SQL = f"""
-WITH f AS (SELECT trace_id, team, reward, time_created FROM feedback WHERE name = 'reward'),
+WITH f AS (
+    SELECT trace_id, team, reward, time_created FROM feedback
+    WHERE name = 'reward' AND trace_id >= $1 AND trace_id < $2
+),
 t AS (
     SELECT trace_id, team, coalesce(checkpoint_version, 'base') AS version FROM traces
-    WHERE trace_id IN (SELECT trace_id FROM f)
+    WHERE trace_id >= $1 AND trace_id < $2 AND trace_id IN (SELECT trace_id FROM f)
 ),
 latest AS (
     SELECT t.trace_id, t.version, arg_max(f.reward, f.time_created) AS reward
     FROM f JOIN t ON f.trace_id = t.trace_id AND {FEEDBACK_VISIBLE_SQL} GROUP BY ALL
 )
-SELECT version, avg(reward) AS mean_reward, count(reward) AS rewarded FROM latest GROUP BY ALL
+SELECT version, sum(reward) AS total, count(reward) AS rewarded FROM latest GROUP BY ALL
 """
+LOWEST_ID, PAST_EVERY_ID = "", "\U0010ffff"  # below and above every trace id
 
 
 class Reader:
@@ -433,11 +438,25 @@ class Reader:
 
     def by_checkpoint(self) -> dict[str, dict]:
         served = rollups.served_by_checkpoint(self._totals())
-        rewards = self.rows(CHECKPOINT_REWARDS_SQL)
         out = {r["version"]: {**r, "mean_reward": None, "rewarded": 0} for r in served}
-        for r in rewards:
-            out.setdefault(r["version"], {"version": r["version"], "traces": 0, "last_served": None}).update(r)
+        for version, (total, rewarded) in self._checkpoint_rewards().items():
+            stats = out.setdefault(version, {"version": version, "traces": 0, "last_served": None})
+            stats.update(mean_reward=total / rewarded, rewarded=rewarded)
         return out
+
+    def _checkpoint_rewards(self) -> dict[str, tuple[float, int]]:
+        """Each checkpoint's sum and count of rewards, a day's trace ids at a time: the gateway's
+        ids lead with their millisecond, so a slice reads only its day's row groups of traces and
+        of feedback (merged in trace id order), and hashes only its day's feedback. The slices
+        cover every id, of whatever shape, exactly once."""
+        days = sorted(_days(self.traces_dir))[1:]
+        cuts = [f"tr-{int(datetime.combine(d, datetime.min.time(), timezone.utc).timestamp() * 1000):012x}" for d in days]
+        sums: dict[str, tuple[float, int]] = {}
+        for low, high in zip([LOWEST_ID, *cuts], [*cuts, PAST_EVERY_ID]):
+            for r in self.rows(CHECKPOINT_REWARDS_SQL, [low, high]):
+                total, rewarded = sums.get(r["version"], (0.0, 0))
+                sums[r["version"]] = (total + (r["total"] or 0.0), rewarded + r["rewarded"])
+        return {version: counted for version, counted in sums.items() if counted[1]}
 
     def usage(self) -> list[dict]:
         return rollups.usage(self._totals())

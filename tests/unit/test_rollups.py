@@ -12,6 +12,7 @@ import pytest
 
 from serve.ui.queries import Reader
 from traces import rollups
+from traces.feedback import write_feedback
 from traces.housekeeping import compact
 from traces.schema import TRACE_SCHEMA
 from traces.store import TraceStore
@@ -21,9 +22,13 @@ T0 = datetime(2026, 11, 30, 23, 0, tzinfo=timezone.utc)
 TEAMS = [None, "red", "blue"]
 
 
+def trace_id(i: int) -> str:  # as the gateway makes them: led by their millisecond
+    return f"tr-{int((T0 + timedelta(minutes=9 * i)).timestamp() * 1000):012x}{i:020x}"
+
+
 def record(i: int) -> dict:
     return {
-        "trace_id": f"tr-{i:03d}",
+        "trace_id": trace_id(i),
         "team": ["red", "blue", None][i % 3],
         "http_status": 200,
         "gen_ai_request_model": "tiny" if i % 4 else "other",
@@ -51,13 +56,20 @@ def from_views(root, team: str | None) -> tuple[list[dict], dict[str, int]]:
         "coalesce(sum(cached_input_tokens), 0)::BIGINT AS cached_input_tokens "
         "FROM usage_by_team GROUP BY ALL ORDER BY day, team, model"
     ).to_pylist()
-    served = store.sql("SELECT coalesce(checkpoint_version, 'base') AS v, count(*) AS n FROM traces GROUP BY ALL")
-    return usage, {r["v"]: r["n"] for r in served.to_pylist()}
+    served = store.sql(
+        "SELECT coalesce(t.checkpoint_version, 'base') AS v, count(*) AS n, count(r.reward) AS rewarded, "
+        "avg(r.reward) AS mean FROM traces t LEFT JOIN rewards r ON r.trace_id = t.trace_id AND r.name = 'reward' "
+        "GROUP BY ALL"
+    )
+    return usage, {r["v"]: (r["n"], r["rewarded"], r["mean"] and round(r["mean"], 9)) for r in served.to_pylist()}
 
 
 def from_rollups(root, team: str | None) -> tuple[list[dict], dict[str, int]]:
     reader = Reader(str(root), team, 30)
-    return reader.usage(), {v: s["traces"] for v, s in reader.by_checkpoint().items()}
+    by_checkpoint = reader.by_checkpoint()
+    return reader.usage(), {
+        v: (s["traces"], s["rewarded"], s["mean_reward"] and round(s["mean_reward"], 9)) for v, s in by_checkpoint.items()
+    }
 
 
 @pytest.fixture
@@ -75,12 +87,22 @@ def test_totals_are_the_views_group_by_through_compaction_and_new_rows(tmp_path,
     old = pa.schema([f for f in TRACE_SCHEMA if f.name not in ("gen_ai_usage_cache_read_input_tokens", "checkpoint_version")])
     part = tmp_path / "date=2026-12-01" / "model=tiny"
     pq.write_table(pa.Table.from_pylist([record(i) for i in range(70, 75)], schema=old), part / "old-1.parquet")
+    # rewards on both days (the checkpoints page sums them a day of ids at a time): each team's
+    # on its own traces, one posted twice (the latest counts), one on another team's trace
+    rewards = [{"trace_id": trace_id(i), "team": record(i)["team"], "name": "reward", "reward": i / 100} for i in range(0, 75, 2)]
+    write_feedback(tmp_path, rewards)
+    later = [
+        {"trace_id": trace_id(4), "team": "blue", "name": "reward", "reward": 0.5},  # blue's trace, posted again
+        {"trace_id": trace_id(3), "team": "blue", "name": "reward", "reward": 0.99},  # red's trace
+    ]
+    write_feedback(tmp_path, later)
     before = {team: from_views(tmp_path, team) for team in TEAMS}
     assert {team: from_rollups(tmp_path, team) for team in TEAMS} == before
     assert before["red"][0] and all(r["team"] == "red" for r in before["red"][0])
     assert sum(r["requests"] for r in before[None][0]) == 75
+    assert sum(rewarded for _, rewarded, _ in before[None][1].values()) == 38  # blue's on red's trace not among them
     read_first = len(files_read)
-    assert read_first == len(list(tmp_path.rglob("*.parquet")))  # each file once, for every caller
+    assert read_first == len(list(tmp_path.glob("date=*/model=*/*.parquet")))  # each trace file once, for every caller
 
     assert from_rollups(tmp_path, "blue") == before["blue"] and len(files_read) == read_first  # none again
 
