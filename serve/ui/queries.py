@@ -228,7 +228,7 @@ def _number(name: str, value: str, default: float) -> float:
 
 
 # The `rewards` view's 'reward' per trace (its latest visible feedback) summed by checkpoint,
-# for the traces whose ids are in [$1, $2), each read once, and only those the feedback names:
+# for the traces whose ids meet {ids} (a range), each read once, and only those the feedback names:
 # joined to the view, every trace was read twice and hashed, and a team's checkpoints page ran
 # out of its 1 GB at 30M traces (a team's traces are an Arrow scan, which gives DuckDB no row
 # count to pick the smaller side by). Here the feedback (5 % of the traces in the bench) is what
@@ -236,11 +236,11 @@ def _number(name: str, value: str, default: float) -> float:
 CHECKPOINT_REWARDS_SQL = f"""
 WITH f AS (
     SELECT trace_id, team, reward, time_created FROM feedback
-    WHERE name = 'reward' AND trace_id >= $1 AND trace_id < $2
+    WHERE name = 'reward' AND {{ids}}
 ),
 t AS (
     SELECT trace_id, team, coalesce(checkpoint_version, 'base') AS version FROM traces
-    WHERE trace_id >= $1 AND trace_id < $2 AND trace_id IN (SELECT trace_id FROM f)
+    WHERE {{ids}} AND trace_id IN (SELECT trace_id FROM f)
 ),
 latest AS (
     SELECT t.trace_id, t.version, arg_max(f.reward, f.time_created) AS reward
@@ -248,7 +248,6 @@ latest AS (
 )
 SELECT version, sum(reward) AS total, count(reward) AS rewarded FROM latest GROUP BY ALL
 """
-LOWEST_ID, PAST_EVERY_ID = "", "\U0010ffff"  # below and above every trace id
 
 
 class Reader:
@@ -452,8 +451,10 @@ class Reader:
         days = sorted(_days(self.traces_dir))[1:]
         cuts = [f"tr-{int(datetime.combine(d, datetime.min.time(), timezone.utc).timestamp() * 1000):012x}" for d in days]
         sums: dict[str, tuple[float, int]] = {}
-        for low, high in zip([LOWEST_ID, *cuts], [*cuts, PAST_EVERY_ID]):
-            for r in self.rows(CHECKPOINT_REWARDS_SQL, [low, high]):
+        for low, high in zip([None, *cuts], [*cuts, None]):  # the first and last open-ended
+            bounds = [(op, cut) for op, cut in ((">=", low), ("<", high)) if cut is not None]
+            ids = " AND ".join(f"trace_id {op} ${i}" for i, (op, _) in enumerate(bounds, 1)) or "true"
+            for r in self.rows(CHECKPOINT_REWARDS_SQL.replace("{ids}", ids), [cut for _, cut in bounds]):
                 total, rewarded = sums.get(r["version"], (0.0, 0))
                 sums[r["version"]] = (total + (r["total"] or 0.0), rewarded + r["rewarded"])
         return {version: counted for version, counted in sums.items() if counted[1]}
