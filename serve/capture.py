@@ -32,6 +32,12 @@ def new_trace_id() -> str:
     return f"tr-{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
+def first_trace_id_at(moment: datetime) -> str:
+    """Below every id :func:`new_trace_id` makes at ``moment`` or later, above every one it made
+    before (ids sort by their millisecond)."""
+    return f"tr-{int(moment.timestamp() * 1000):012x}"
+
+
 def trace_id_made(trace_id: str) -> datetime | None:
     """When :func:`new_trace_id` made ``trace_id`` (None: an id of another shape)."""
     stamp = trace_id[3:15]

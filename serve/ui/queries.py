@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from serve.capture import trace_id_made
+from serve.capture import first_trace_id_at, trace_id_made
 from serve.trace_query import QueryLimits, json_rows, scoped_query, scoped_store
 from traces import rollups
 from traces.store import FEEDBACK_VISIBLE_SQL, SnapshotGone, feedback_visible, newest_received
@@ -449,7 +449,7 @@ class Reader:
         of feedback (merged in trace id order), and hashes only its day's feedback. The slices
         cover every id, of whatever shape, exactly once."""
         days = sorted(_days(self.traces_dir))[1:]
-        cuts = [f"tr-{int(datetime.combine(d, datetime.min.time(), timezone.utc).timestamp() * 1000):012x}" for d in days]
+        cuts = [first_trace_id_at(datetime.combine(d, datetime.min.time(), timezone.utc)) for d in days]
         sums: dict[str, tuple[float, int]] = {}
         for low, high in zip([None, *cuts], [*cuts, None]):  # the first and last open-ended
             bounds = [(op, cut) for op, cut in ((">=", low), ("<", high)) if cut is not None]
