@@ -6,7 +6,8 @@ gives it (its interception server, which forwards to the gateway and records the
 calls the task's MCP tools when the model asks, and stops when the model answers without a
 tool call or the server ends the rollout (max turns). A turn the gateway refused for now (429,
 503 while a worker restarts) or a deployment failed (5xx, which the interception server passes
-on) is sent again a few times; 409 and 400 are the server ending the rollout.
+on) is sent again a few times, and so is a turn whose connection never opened; 409 and 400 are
+the server ending the rollout.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from contextlib import AsyncExitStack
 
+import httpx
+
 import verifiers.v1 as vf
-from openai import APIStatusError, AsyncOpenAI
+from openai import APIConnectionError, APIStatusError, AsyncOpenAI
 from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
 
 
@@ -25,14 +29,36 @@ log = logging.getLogger(__name__)
 RETRIED = (429, 500, 502, 503, 504)
 TRIES = 4
 MAX_WAIT_S = 10.0
+# Connecting to the interception server, which runs on this process's own event loop: a turn
+# waits as long as verifiers' own clients do (read unbounded: the rollout's timeout bounds it).
+TIMEOUT = httpx.Timeout(None, connect=30.0)
+NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+
+# One HTTP client per event loop for every rollout on it. Building a client costs ~20 ms of the
+# loop (its TLS context); 256 rollouts starting together each building theirs stalled the loop
+# past the SDK's 5 s connect timeout, and a turn was lost with "Request timed out".
+_http_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+
+
+def shared_http() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    if loop not in _http_clients:
+        _http_clients[loop] = httpx.AsyncClient(timeout=TIMEOUT)
+    return _http_clients[loop]
 
 
 async def complete(client: AsyncOpenAI, **request):
     """One chat turn, sent up to ``TRIES`` times while it is answered one of ``RETRIED`` (after
-    the response's ``Retry-After``, else 0.5, 1, 2 s); None once the rollout has ended."""
+    the response's ``Retry-After``, else 0.5, 1, 2 s) or its connection never opened (nothing
+    was sent, so nothing is sent twice); None once the rollout has ended."""
     for attempt in range(TRIES):
         try:
             return await client.chat.completions.create(**request)
+        except APIConnectionError as exc:
+            if not isinstance(exc.__cause__, NEVER_SENT) or attempt == TRIES - 1:
+                raise
+            log.warning("turn sent again: its connection did not open (%r)", exc.__cause__)
+            await asyncio.sleep(0.5 * 2**attempt)
         except APIStatusError as exc:
             if exc.status_code not in RETRIED:  # the interception server ended the rollout (max turns)
                 return None
@@ -62,31 +88,28 @@ class InProcessHarness(vf.Harness[vf.HarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         else:
             messages += [m.model_dump(exclude_none=True) for m in prompt or []]
-        client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
-        try:
-            async with AsyncExitStack() as stack:
-                servers_cfg = {
-                    "mcpServers": {name: {"url": url, "timeout": self.config.tool_timeout} for name, url in mcp_urls.items()}
-                }
-                tools, dispatch, servers = (await connect_mcp(servers_cfg, stack)) if mcp_urls else ([], {}, {})
-                while True:
-                    resp = await complete(client, model=ctx.model, messages=messages, **({"tools": tools} if tools else {}))
-                    if resp is None:
-                        break
-                    msg = resp.choices[0].message
-                    messages.append(msg.model_dump(exclude_none=True))
-                    if not msg.tool_calls:
-                        break
-                    for call in msg.tool_calls:
-                        try:
-                            args = json.loads(call.function.arguments or "{}")
-                        except json.JSONDecodeError as exc:
-                            out = f"error: arguments are not JSON: {exc}"
-                        else:
-                            out = await call_mcp(servers, dispatch, call.function.name, args)
-                        messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": out})
-        finally:
-            await client.close()
+        client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, http_client=shared_http())
+        async with AsyncExitStack() as stack:
+            servers_cfg = {
+                "mcpServers": {name: {"url": url, "timeout": self.config.tool_timeout} for name, url in mcp_urls.items()}
+            }
+            tools, dispatch, servers = (await connect_mcp(servers_cfg, stack)) if mcp_urls else ([], {}, {})
+            while True:
+                resp = await complete(client, model=ctx.model, messages=messages, **({"tools": tools} if tools else {}))
+                if resp is None:
+                    break
+                msg = resp.choices[0].message
+                messages.append(msg.model_dump(exclude_none=True))
+                if not msg.tool_calls:
+                    break
+                for call in msg.tool_calls:
+                    try:
+                        args = json.loads(call.function.arguments or "{}")
+                    except json.JSONDecodeError as exc:
+                        out = f"error: arguments are not JSON: {exc}"
+                    else:
+                        out = await call_mcp(servers, dispatch, call.function.name, args)
+                    messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": out})
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 
 

@@ -4,7 +4,8 @@ is unavailable for now, and ends the rollout when verifiers' interception server
 import asyncio
 
 import httpx
-from openai import AsyncOpenAI
+import pytest
+from openai import APIConnectionError, AsyncOpenAI
 
 from envs.vf_harness import TRIES, complete
 
@@ -17,15 +18,17 @@ ANSWER = {
 }
 
 
-def turn(statuses: list[int]) -> tuple[object, int]:
-    """One turn against an endpoint answering ``statuses`` in order, then 200: what the harness
-    got and how many requests were sent."""
+def turn(statuses: list[int | type[httpx.TransportError]]) -> tuple[object, int]:
+    """One turn against an endpoint answering ``statuses`` in order (a status, or a transport
+    error raised), then 200: what the harness got and how many requests were tried."""
     sent = []
 
     def endpoint(request: httpx.Request) -> httpx.Response:
         sent.append(request)
         if len(sent) <= len(statuses):
             status = statuses[len(sent) - 1]
+            if not isinstance(status, int):
+                raise status("as httpx raises it", request=request)
             return httpx.Response(status, json={"error": {"message": f"HTTP {status}"}}, headers={"Retry-After": "0"})
         return httpx.Response(200, json=ANSWER)
 
@@ -54,3 +57,15 @@ def test_the_interception_servers_end_of_rollout_is_not_retried():
 
 def test_a_turn_still_refused_after_the_last_try_ends_the_rollout():
     assert turn([503] * TRIES) == (None, TRIES)
+
+
+def test_a_turn_whose_connection_never_opened_is_sent_again():
+    # a connect timeout: the server's event loop was too busy to take the connection in time
+    resp, sent = turn([httpx.ConnectTimeout, httpx.ConnectError])
+    assert resp is not None and resp.choices[0].message.content == "ok" and sent == 3
+
+
+@pytest.mark.parametrize("failure", [httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError])
+def test_a_turn_that_may_have_reached_the_server_is_not_sent_twice(failure):
+    with pytest.raises(APIConnectionError):
+        turn([failure])
