@@ -29,9 +29,11 @@ log = logging.getLogger(__name__)
 RETRIED = (429, 500, 502, 503, 504)
 TRIES = 4
 MAX_WAIT_S = 10.0
-# Connecting to the interception server, which runs on this process's own event loop: a turn
-# waits as long as verifiers' own clients do (read unbounded: the rollout's timeout bounds it).
+# To the interception server, as verifiers' own clients: 30 s to connect, reads unbounded (the
+# rollout's timeout bounds a turn), and as many turns at once as rollouts (httpx's default pool
+# of 100 would hold back the rest).
 TIMEOUT = httpx.Timeout(None, connect=30.0)
+LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 
 # One HTTP client per event loop for every rollout on it. Building a client costs ~20 ms of the
@@ -41,9 +43,10 @@ _http_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncC
 
 
 def shared_http() -> httpx.AsyncClient:
+    """The HTTP client of the running event loop's rollouts."""
     loop = asyncio.get_running_loop()
     if loop not in _http_clients:
-        _http_clients[loop] = httpx.AsyncClient(timeout=TIMEOUT)
+        _http_clients[loop] = httpx.AsyncClient(timeout=TIMEOUT, limits=LIMITS)
     return _http_clients[loop]
 
 

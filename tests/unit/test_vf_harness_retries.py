@@ -1,13 +1,16 @@
 """The loop's in-process verifiers harness sends a turn again while the gateway or a deployment
-is unavailable for now, and ends the rollout when verifiers' interception server says so."""
+is unavailable for now or its connection never opened, ends the rollout when verifiers'
+interception server says so, and holds back none of its rollouts' turns."""
 
 import asyncio
+import socket
 
 import httpx
 import pytest
+from aiohttp import web
 from openai import APIConnectionError, AsyncOpenAI
 
-from envs.vf_harness import TRIES, complete
+from envs.vf_harness import TRIES, complete, shared_http
 
 ANSWER = {
     "id": "c1",
@@ -69,3 +72,45 @@ def test_a_turn_whose_connection_never_opened_is_sent_again():
 def test_a_turn_that_may_have_reached_the_server_is_not_sent_twice(failure):
     with pytest.raises(APIConnectionError):
         turn([failure])
+
+
+def test_the_rollouts_of_one_loop_share_a_client_that_holds_none_of_their_turns_back():
+    """150 rollouts' turns are all at the server at once (httpx's default pool would let 100 in)
+    over one client; another event loop gets a client of its own."""
+    rollouts = 150
+
+    async def run() -> tuple[int, httpx.AsyncClient]:
+        arrived, all_in = [0], asyncio.Event()
+
+        async def answer(request: web.Request) -> web.Response:
+            arrived[0] += 1
+            if arrived[0] == rollouts:
+                all_in.set()
+            await all_in.wait()  # answered only once every turn is in
+            return web.json_response(ANSWER)
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        sock = socket.create_server(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        await web.SockSite(runner, sock).start()
+        try:
+            clients = [
+                AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, http_client=shared_http())
+                for _ in range(rollouts)
+            ]
+            turns = [complete(c, model="tiny", messages=[{"role": "user", "content": "hi"}]) for c in clients]
+            answered = await asyncio.wait_for(asyncio.gather(*turns), 60)
+            return sum(a is not None for a in answered), shared_http()
+        finally:
+            await runner.cleanup()
+
+    answered, first = asyncio.run(run())
+    assert answered == rollouts
+    assert asyncio.run(_loops_client()) is not first
+
+
+async def _loops_client() -> httpx.AsyncClient:
+    return shared_http()
