@@ -61,7 +61,7 @@ async def complete(client: AsyncOpenAI, **request):
             if not isinstance(exc.__cause__, NEVER_SENT) or attempt == TRIES - 1:
                 raise
             log.warning("turn sent again: its connection did not open (%r)", exc.__cause__)
-            await asyncio.sleep(0.5 * 2**attempt)
+            await asyncio.sleep(_backoff_s(attempt))
         except APIStatusError as exc:
             if exc.status_code not in RETRIED:  # the interception server ended the rollout (max turns)
                 return None
@@ -75,7 +75,11 @@ def _wait_s(exc: APIStatusError, attempt: int) -> float:
     try:
         return min(float(exc.response.headers["retry-after"]), MAX_WAIT_S)
     except (KeyError, ValueError):
-        return 0.5 * 2**attempt
+        return _backoff_s(attempt)
+
+
+def _backoff_s(attempt: int) -> float:
+    return 0.5 * 2**attempt  # 0.5, 1, 2 s
 
 
 class InProcessHarness(vf.Harness[vf.HarnessConfig]):
