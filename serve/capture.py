@@ -29,13 +29,17 @@ def new_trace_id() -> str:
     80 random bits. Ids sort by time, so the rows a writer segment holds cover a narrow id range
     and a lookup by id skips every Parquet row group whose range cannot hold it (random ids
     would make it read the id column of the whole store)."""
-    return f"tr-{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+    return _id_head(time.time_ns() // 1_000_000) + os.urandom(10).hex()
 
 
 def first_trace_id_at(moment: datetime) -> str:
     """Below every id :func:`new_trace_id` makes at ``moment`` or later, above every one it made
     before (ids sort by their millisecond)."""
-    return f"tr-{int(moment.timestamp() * 1000):012x}"
+    return _id_head(int(moment.timestamp() * 1000))
+
+
+def _id_head(millisecond: int) -> str:
+    return f"tr-{millisecond:012x}"
 
 
 def trace_id_made(trace_id: str) -> datetime | None:
