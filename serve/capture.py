@@ -9,7 +9,6 @@ responses and stream chunks alike, so both paths produce identical records.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,35 +21,6 @@ from serve.outcome import Outcome
 
 
 API_OF_OPERATION = {"chat": "chat", "text_completion": "completions", "generate": "generate"}
-
-
-def new_trace_id() -> str:
-    """``tr-`` and 32 hex digits: the millisecond it was made (12), as UUIDv7 leads with it, then
-    80 random bits. Ids sort by time, so the rows a writer segment holds cover a narrow id range
-    and a lookup by id skips every Parquet row group whose range cannot hold it (random ids
-    would make it read the id column of the whole store)."""
-    return _id_head(time.time_ns() // 1_000_000) + os.urandom(10).hex()
-
-
-def first_trace_id_at(moment: datetime) -> str:
-    """Below every id :func:`new_trace_id` makes at ``moment`` or later, above every one it made
-    before (ids sort by their millisecond)."""
-    return _id_head(int(moment.timestamp() * 1000))
-
-
-def _id_head(millisecond: int) -> str:
-    return f"tr-{millisecond:012x}"
-
-
-def trace_id_made(trace_id: str) -> datetime | None:
-    """When :func:`new_trace_id` made ``trace_id`` (None: an id of another shape)."""
-    stamp = trace_id[3:15]
-    if not trace_id.startswith("tr-") or len(stamp) != 12:
-        return None
-    try:
-        return datetime.fromtimestamp(int(stamp, 16) / 1000, timezone.utc)
-    except (ValueError, OverflowError, OSError):  # not hex, or past the year 9999
-        return None
 
 
 def _now() -> datetime:

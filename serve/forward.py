@@ -23,7 +23,7 @@ from serve.admission import Admission, worst_case_tokens
 from serve.affinity import Affinity
 from serve.attempt import Attempt, AttemptFailed
 from serve.breaker import Breakers
-from serve.capture import Capture, RequestContext, new_trace_id
+from serve.capture import Capture, RequestContext
 from serve.choose import Chooser
 from serve.config import GatewayConfig, ModelRoute
 from serve.context_limit import check_counts, check_text, might_overflow
@@ -43,6 +43,7 @@ from serve.upstream import Rewrite
 from serve.upstream_pool import UpstreamPool
 from serve.wake import until_awake
 from traces.writer import TraceWriter
+from traces.ids import new_trace_id
 
 log = logging.getLogger(__name__)
 MAX_SHADOWS = 64  # shadow copies in flight per gateway replica

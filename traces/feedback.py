@@ -40,8 +40,11 @@ FEEDBACK_SCHEMA = pa.schema(
         ("comment", pa.string()),
         ("source", pa.string()),  # "api", "env:<env id>", a labeller's name...
         ("time_created", pa.timestamp("us", tz="UTC")),
+        # the checkpoint that served the trace ('base': the base model), filled in when the day's
+        # files are merged, for feedback its trace's team can see; NULL until then (version 2)
+        ("checkpoint_version", pa.string()),
     ],
-    metadata={"flywheel.feedback_schema_version": "1"},
+    metadata={"flywheel.feedback_schema_version": "2"},
 )
 
 
@@ -57,6 +60,7 @@ def write_feedback(root: str | Path, items: list[dict]) -> list[str]:
             **item,
             "feedback_id": item.get("feedback_id") or "fb-" + uuid.uuid4().hex,
             "time_created": item.get("time_created") or now,
+            "checkpoint_version": None,  # a merge's lookup fills it, by the visibility rule
         }
         for item in items
     ]

@@ -16,13 +16,16 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
 
+from traces.feedback_checkpoints import with_checkpoints
 from traces.files import seal
 from traces.schema import FEEDBACK_DIR, SCHEMA_VERSION
 from traces.spool import SEGMENT_GLOB, converted_name, fsync_path, read_segment
@@ -118,8 +121,8 @@ def being_converted(root: Path) -> set[str]:
 
 def compact(root: str | Path, min_files: int = 2, max_file_bytes: int = 256 << 20) -> dict:
     """Merge each partition's files smaller than ``max_file_bytes`` into one file (the trace
-    partitions, then the feedback days). A file whose spool segment is still being converted
-    waits for a later compaction."""
+    partitions, then the feedback days, their traces' checkpoints looked up). A file whose spool
+    segment is still being converted waits for a later compaction."""
     root = Path(root)
     report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
     with housekeeping_lock(root):
@@ -131,24 +134,35 @@ def compact(root: str | Path, min_files: int = 2, max_file_bytes: int = 256 << 2
             merge_part(con, part, inputs, min_files, report, TRACE_ROWS)
         for part in feedback_partitions(root):
             inputs = [f for f in data_files(part) if f.stat().st_size < max_file_bytes]
-            merge_part(con, part, inputs, min_files, report, FEEDBACK_ROWS)
+            merge_part(con, part, inputs, min_files, report, FEEDBACK_ROWS, fill=_checkpoints_of_traces(root))
     return report
 
 
 def compact_feedback(
     root: str | Path, parts: list[Path] | None = None, max_file_bytes: int = 256 << 20, keep_inputs_s: float = 0.0
 ) -> dict:
-    """Merge each feedback day's files (or only ``parts``') into one; with ``keep_inputs_s``, the
-    merged files stay that long for queries that listed them (``KEEP_INPUTS_S``)."""
+    """Merge each feedback day's files (or only ``parts``') into one, each row's trace's
+    checkpoint looked up where it is not yet known; with ``keep_inputs_s``, the merged files
+    stay that long for queries that listed them (``KEEP_INPUTS_S``)."""
     root = Path(root)
     report = {"partitions": 0, "files_in": 0, "files_out": 0, "rows": 0}
     with housekeeping_lock(root):
         recover(root, keep_s=keep_inputs_s)
-        con = duckdb.connect()
+        con, fill = duckdb.connect(), _checkpoints_of_traces(root)
         for part in parts if parts is not None else feedback_partitions(root):
             inputs = [f for f in visible_files(part) if f.stat().st_size < max_file_bytes]
-            merge_part(con, part, inputs, 2, report, FEEDBACK_ROWS, keep_inputs=keep_inputs_s > 0)
+            merge_part(con, part, inputs, 2, report, FEEDBACK_ROWS, keep_inputs=keep_inputs_s > 0, fill=fill)
     return report
+
+
+def _checkpoints_of_traces(root: Path):
+    """A feedback merge's ``fill``: each row's trace's checkpoint, looked up in the trace files a
+    reader sees now, of the days the trace id names."""
+
+    def day_files(days: list[date]) -> list[Path]:
+        return [f for d in days for part in sorted(root.glob(f"date={d.isoformat()}/model=*")) for f in visible_files(part)]
+
+    return partial(with_checkpoints, trace_files=day_files)
 
 
 def feedback_partitions(root: Path) -> list[Path]:
@@ -183,12 +197,14 @@ def merge_part(
     rows_of: tuple,
     prefix: str = "compact-",
     keep_inputs: bool = False,
+    fill: Callable[[duckdb.DuckDBPyConnection, str], str] | None = None,
 ) -> None:
     """Journal, write the merged file (one row per key, its newest copy, in ``rows_of``'s
     order), rename it in, remove the inputs, remove the journal: a crash anywhere is finished
     or undone by ``recover``, and ``visible_files`` never shows a row twice meanwhile. With
     ``keep_inputs`` the inputs and a journal of this merge's own stay, for a later ``recover``
-    to remove."""
+    to remove. ``fill(con, rows_sql)`` gives the rows as written, columns filled in (feedback's
+    checkpoints: ``traces.feedback_checkpoints``)."""
     key, newest, order, version_key = rows_of
     if len(inputs) < min_files:
         return
@@ -200,9 +216,14 @@ def merge_part(
     fsync_path(journal)
     tmp = part / f".{output}.tmp"
     files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in inputs)
+    rows_sql = (
+        f"SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false) "
+        f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY {newest} DESC NULLS LAST) = 1"
+    )
+    if fill is not None:
+        rows_sql = fill(con, rows_sql)
     rows = con.execute(
-        f"COPY (SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false) "
-        f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY {newest} DESC NULLS LAST) = 1 ORDER BY {order}) "
+        f"COPY (SELECT * FROM ({rows_sql}) ORDER BY {order}) "
         f"TO '{str(tmp).replace(chr(39), chr(39) * 2)}' (FORMAT parquet, COMPRESSION zstd, {MERGED_LAYOUT}, "
         f"KV_METADATA {{'{version_key}': '{_max_version(inputs, version_key)}'}})"
     ).fetchall()[0][0]

@@ -155,6 +155,16 @@ class TraceRecord(msgspec.Struct, kw_only=True):
 PARTITION_KEYS = ("date", "model")
 FEEDBACK_DIR = "_feedback"  # beside the trace partitions: feedback rows, partitioned by date
 
+# Whose feedback counts for a trace: its own team's, or the admin's. One rule for the `rewards`
+# view, the trace browser's reward filter (SQL) and its reward column (rows already read), and a
+# feedback merge's checkpoint lookup (``traces.feedback_checkpoints``).
+FEEDBACK_VISIBLE_SQL = "(f.team = t.team OR f.team = 'admin' OR (f.team IS NULL AND t.team IS NULL))"
+
+
+def feedback_visible(feedback_team: str | None, trace_team: str | None) -> bool:
+    """:data:`FEEDBACK_VISIBLE_SQL` for one feedback row and its trace's team."""
+    return feedback_team == trace_team or feedback_team == "admin"
+
 
 def check_record(record: dict) -> dict:
     """Refuse records with fields the schema does not know (a typo would silently drop data)."""

@@ -32,7 +32,7 @@ from traces.feedback import FEEDBACK_SCHEMA
 from traces.guard import check_select
 from traces.housekeeping import feedback_partitions, partitions, visible_files
 from traces.prefix import reconstruct_prompts
-from traces.schema import TRACE_SCHEMA
+from traces.schema import FEEDBACK_VISIBLE_SQL, TRACE_SCHEMA
 
 LAYOUTS = (
     "date=*/model=*/*.parquet",  # schema v2 and later
@@ -72,16 +72,6 @@ SELECT team, gen_ai_request_model AS model, CAST(date AS DATE) AS day,
        sum(gen_ai_usage_cache_read_input_tokens) AS cached_input_tokens
 FROM traces GROUP BY ALL
 """
-
-
-# Whose feedback counts for a trace: its own team's, or the admin's. One rule for the `rewards`
-# view, the trace browser's reward filter (SQL) and its reward column (rows already read).
-FEEDBACK_VISIBLE_SQL = "(f.team = t.team OR f.team = 'admin' OR (f.team IS NULL AND t.team IS NULL))"
-
-
-def feedback_visible(feedback_team: str | None, trace_team: str | None) -> bool:
-    """:data:`FEEDBACK_VISIBLE_SQL` for one feedback row and its trace's team."""
-    return feedback_team == trace_team or feedback_team == "admin"
 
 
 _REWARDS_SQL = f"""
@@ -194,7 +184,12 @@ class TraceStore:
         else:
             self.con.register("_empty_feedback", pa.Table.from_pylist([], schema=FEEDBACK_SCHEMA))
             fb = "SELECT * FROM _empty_feedback"
-        self.con.execute(f"CREATE OR REPLACE VIEW feedback AS {fb}{where}")
+        # every schema version's columns, as the traces view has them: a store whose feedback
+        # was all written before a column (checkpoint_version) still has the column, NULL
+        self.con.execute(f"CREATE OR REPLACE VIEW _feedback_any AS {fb}")
+        have = {r[0] for r in self.con.execute("DESCRIBE _feedback_any").fetchall()}
+        cols = ", ".join(f.name if f.name in have else f"NULL::{_duck_type(f.type)} AS {f.name}" for f in FEEDBACK_SCHEMA)
+        self.con.execute(f"CREATE OR REPLACE VIEW feedback AS SELECT {cols} FROM _feedback_any{where}")
         self.con.execute(f"CREATE OR REPLACE VIEW rewards AS {_REWARDS_SQL}")
 
     def _lock_down(self) -> None:
@@ -346,6 +341,27 @@ def file_newest(path: Path) -> datetime | None:
         return newest if isinstance(newest, datetime) and newest.tzinfo else None
 
     return once_per_file(_FILE_NEWEST, path, read)
+
+
+_FILE_ID_GROUPS: dict[tuple[str, int, int], list[tuple[str, int]]] = {}
+
+
+def file_id_groups(path: Path) -> list[tuple[str, int]]:
+    """Each row group of Parquet file ``path`` as its smallest ``trace_id`` and its rows (a
+    group without statistics is left out), its footer read once per process."""
+    import pyarrow.parquet as pq
+
+    def read(path: Path) -> list[tuple[str, int]]:
+        meta, groups = pq.read_metadata(path), []
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                column = group.column(c)
+                if column.path_in_schema == "trace_id" and column.statistics and column.statistics.has_min_max:
+                    groups.append((column.statistics.min, group.num_rows))
+        return groups
+
+    return once_per_file(_FILE_ID_GROUPS, path, read)
 
 
 def newest_received(root: Path, day: date) -> datetime | None:

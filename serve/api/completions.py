@@ -17,7 +17,7 @@ from starlette.datastructures import Headers
 
 from serve import json_codec
 from serve.auth import Caller, authenticate_headers, require_scope
-from serve.capture import RequestContext, new_trace_id
+from serve.capture import RequestContext
 from serve.errors import invalid_request
 from serve.forward import Stream
 from serve.gateway_parts import GatewayParts, parts
@@ -25,6 +25,7 @@ from serve.openapi import json_body
 from serve.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, Message, generate_response
 from serve.routes import RouteTable
 from serve.upstream import PROMPT_KEYS
+from traces.ids import new_trace_id
 
 # path -> (operation, request model, route name): the hot path answers these paths; the routes
 # declared from the same table document them

@@ -13,7 +13,6 @@ from fastapi import APIRouter, Depends, Request
 
 from serve.api.completions import answered, forward_chat, parsed, parsed_request
 from serve.auth import authenticate_headers, require_scope
-from serve.capture import new_trace_id
 from serve.context_limit import count_prompt_tokens
 from serve.errors import model_not_found
 from serve.forward import Stream
@@ -22,6 +21,7 @@ from serve.openapi import json_body
 from serve.translate.chat import translated
 from serve.translate.messages import CountTokensRequest, MessagesRequest, chat_body, chat_messages, chat_tools
 from serve.translate.messages_answer import MessagesStream, message
+from traces.ids import new_trace_id
 
 router = APIRouter()
 

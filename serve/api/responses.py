@@ -20,7 +20,6 @@ from fastapi.responses import JSONResponse
 
 from serve.api.completions import answered, forward_chat, parsed_request
 from serve.auth import Caller, authenticate_headers, require_scope
-from serve.capture import new_trace_id
 from serve.conversations import Turn
 from serve.forward import Stream
 from serve.gateway_parts import GatewayParts, parts
@@ -35,6 +34,7 @@ from serve.translate.responses_answer import (
     response_id as public_id,
     response_object,
 )
+from traces.ids import new_trace_id
 
 router = APIRouter()
 

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from serve.capture import first_trace_id_at, trace_id_made
 from serve.trace_query import QueryLimits, json_rows, scoped_query, scoped_store
 from traces import rollups
-from traces.store import FEEDBACK_VISIBLE_SQL, SnapshotGone, feedback_visible, newest_received
+from traces.housekeeping import feedback_partitions, visible_files
+from traces.ids import id_days
+from traces.schema import FEEDBACK_VISIBLE_SQL, feedback_visible
+from traces.store import SnapshotGone, file_id_groups, newest_received
 
 LIST_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_version,
     gen_ai_conversation_id, env_id, http_status, error, finish_reason, gen_ai_usage_input_tokens,
@@ -189,22 +191,6 @@ def spans(days: list[date], top: datetime | None = None, hi: datetime | None = N
         hi, i = None, i + whole
 
 
-ID_SLACK = timedelta(minutes=1)
-
-
-def id_days(trace_id: str) -> list[date]:
-    """The days a gateway-made id (``tr-`` and the millisecond it was made, in 12 hex digits:
-    ``serve.capture.new_trace_id``) was received on, give or take ``ID_SLACK``; none for an id of
-    another shape. Its row is there unless the id came from elsewhere: a caller looks further."""
-    made = trace_id_made(trace_id)
-    if made is None:
-        return []
-    try:
-        return sorted({(made - ID_SLACK).date(), (made + ID_SLACK).date()})
-    except OverflowError:  # within a minute of the year 1 or 9999
-        return []
-
-
 def _these_traces(found: list[dict], first: int) -> tuple[str, list]:
     """A WHERE clause for exactly these traces (rows with trace_id, date and time_received) and
     its parameters, numbered from ``$first``: their ids, and, when every one has a time, the
@@ -220,6 +206,27 @@ def _these_traces(found: list[dict], first: int) -> tuple[str, list]:
     return " AND ".join(clauses), params
 
 
+# Feedback rows the checkpoints page hashes in one query: 5M at once ran out of 1 GB, 1.25M took
+# 0.4 s (deploy/bench/results/2026-12-07/feedback-5M-rewards-query-slices.txt).
+REWARDS_PER_SLICE = 1_000_000
+
+
+def _feedback_cuts(traces_dir: str, per_slice: int) -> list[str]:
+    """Trace ids, ascending, that cut the store's feedback into slices of about ``per_slice``
+    rows, from its files' row-group statistics (no row is read). A slice of day-sized id
+    ranges instead cost a query per day of the store, each at least one scan of a team's
+    feedback (8 days at 10M traces: 1.2 s for a team)."""
+    groups = sorted(g for part in feedback_partitions(Path(traces_dir)) for f in visible_files(part) for g in file_id_groups(f))
+    cuts: list[str] = []
+    rows = 0
+    for low, n in groups:
+        if rows >= per_slice and low > (cuts[-1] if cuts else groups[0][0]):  # no slice is empty
+            cuts.append(low)
+            rows = 0
+        rows += n
+    return cuts
+
+
 def _number(name: str, value: str, default: float) -> float:
     try:
         return float(value) if value else default
@@ -228,23 +235,30 @@ def _number(name: str, value: str, default: float) -> float:
 
 
 # The `rewards` view's 'reward' per trace (its latest visible feedback) summed by checkpoint,
-# for the traces whose ids meet {ids} (a range), each read once, and only those the feedback names:
-# joined to the view, every trace was read twice and hashed, and a team's checkpoints page ran
-# out of its 1 GB at 30M traces (a team's traces are an Arrow scan, which gives DuckDB no row
-# count to pick the smaller side by). Here the feedback (5 % of the traces in the bench) is what
-# is hashed, a slice of ids at a time: all 5M rewards at once ran out of 1 GB at 100M traces.
+# for the traces whose ids meet {ids} (a range). A feedback merge has written most rows' trace
+# checkpoints into them (``traces.feedback_checkpoints``): those are read from the feedback
+# alone. Only the rest are looked up among the traces, each read once: joined to the view, every
+# trace was read twice and hashed, and a team's page ran out of its 1 GB at 30M traces (a team's
+# traces are an Arrow scan, which gives DuckDB no row count to pick the smaller side by); all
+# 5M rewards of 100M traces looked up at read time took 12-13 s, a slice of ids at a time (at
+# once, they ran out of 1 GB).
 CHECKPOINT_REWARDS_SQL = f"""
 WITH f AS (
-    SELECT trace_id, team, reward, time_created FROM feedback
+    SELECT trace_id, team, reward, time_created, checkpoint_version FROM feedback
     WHERE name = 'reward' AND {{ids}}
 ),
 t AS (
     SELECT trace_id, team, coalesce(checkpoint_version, 'base') AS version FROM traces
-    WHERE {{ids}} AND trace_id IN (SELECT trace_id FROM f)
+    WHERE {{ids}} AND trace_id IN (SELECT trace_id FROM f WHERE checkpoint_version IS NULL)
+),
+visible AS (
+    SELECT trace_id, checkpoint_version AS version, reward, time_created FROM f WHERE checkpoint_version IS NOT NULL
+    UNION ALL
+    SELECT f.trace_id, t.version, f.reward, f.time_created
+    FROM f JOIN t ON f.trace_id = t.trace_id AND {FEEDBACK_VISIBLE_SQL} WHERE f.checkpoint_version IS NULL
 ),
 latest AS (
-    SELECT t.trace_id, t.version, arg_max(f.reward, f.time_created) AS reward
-    FROM f JOIN t ON f.trace_id = t.trace_id AND {FEEDBACK_VISIBLE_SQL} GROUP BY ALL
+    SELECT trace_id, any_value(version) AS version, arg_max(reward, time_created) AS reward FROM visible GROUP BY trace_id
 )
 SELECT version, sum(reward) AS total, count(reward) AS rewarded FROM latest GROUP BY ALL
 """
@@ -444,12 +458,11 @@ class Reader:
         return out
 
     def _checkpoint_rewards(self) -> dict[str, tuple[float, int]]:
-        """Each checkpoint's sum and count of rewards, a day's trace ids at a time: the gateway's
-        ids lead with their millisecond, so a slice reads only its day's row groups of traces and
-        of feedback (merged in trace id order), and hashes only its day's feedback. The slices
-        cover every id, of whatever shape, exactly once."""
-        days = sorted(_days(self.traces_dir))[1:]
-        cuts = [first_trace_id_at(datetime.combine(d, datetime.min.time(), timezone.utc)) for d in days]
+        """Each checkpoint's sum and count of rewards, a slice of trace ids at a time (cut where
+        the feedback holds about ``REWARDS_PER_SLICE`` rows: each query hashes that many, by
+        trace id). Feedback files are merged in trace id order, so a slice reads only its own
+        row groups. The slices cover every id, of whatever shape, exactly once."""
+        cuts = _feedback_cuts(self.traces_dir, REWARDS_PER_SLICE)
         sums: dict[str, tuple[float, int]] = {}
         for low, high in zip([None, *cuts], [*cuts, None]):  # the first and last open-ended
             bounds = [(op, cut) for op, cut in ((">=", low), ("<", high)) if cut is not None]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from serve.ui.queries import BadFilter, Reader, Span, TraceFilters, id_days, spans
+from serve.ui.queries import BadFilter, Reader, Span, TraceFilters, spans
+from traces.ids import id_days
 from traces.feedback import write_feedback
 from traces.store import TraceStore, newest_received
 from traces.writer import TraceWriter

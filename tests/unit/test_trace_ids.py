@@ -4,7 +4,7 @@ range), and stay unguessable and in the shape response ids are made from."""
 import re
 import time
 
-from serve.capture import new_trace_id
+from traces.ids import new_trace_id
 from serve.translate.responses_answer import response_id, trace_id_of
 
 
