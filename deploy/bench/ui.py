@@ -96,7 +96,7 @@ def _ids(rng, n: int, nbytes: int, prefix: str) -> pa.Array:
 
 
 def _trace_ids(rng, received_us: np.ndarray) -> pa.Array:
-    """Ids as the gateway makes them (``serve.capture.new_trace_id``): ``tr-``, the millisecond
+    """Ids as the gateway makes them (``traces.ids.new_trace_id``): ``tr-``, the millisecond
     received in 12 hex digits, then 20 random ones."""
     ms = (received_us // 1000).astype(">u8").view(np.uint8).reshape(-1, 8)[:, 2:]
     stamp = pa.array(_HEX[ms].view("S12").ravel()).cast(pa.string())
@@ -238,7 +238,10 @@ def generate(root: Path, total: int, chunks_per_file: int, compacted: str | None
                 f"{len(list(part.glob('*.parquet')))} files now, {time.perf_counter() - t0:.0f} s",
                 flush=True,
             )
-        compact_feedback(root)
+        t0 = time.perf_counter()
+        report = compact_feedback(root)  # each reward's trace's checkpoint looked up (traces/feedback_checkpoints.py)
+        took = time.perf_counter() - t0
+        print(f"feedback merged: {report['files_in']} files, {report['rows']:,} rows, {took:.1f} s", flush=True)
     else:
         _generate(root, total, chunks_per_file)
 
