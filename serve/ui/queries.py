@@ -249,7 +249,7 @@ WITH f AS (
 ),
 t AS (
     SELECT trace_id, team, coalesce(checkpoint_version, 'base') AS version FROM traces
-    WHERE {{ids}} AND trace_id IN (SELECT trace_id FROM f WHERE checkpoint_version IS NULL)
+    WHERE {{ids}} AND {{unresolved}} AND trace_id IN (SELECT trace_id FROM f WHERE checkpoint_version IS NULL)
 ),
 visible AS (
     SELECT trace_id, checkpoint_version AS version, reward, time_created FROM f WHERE checkpoint_version IS NOT NULL
@@ -463,11 +463,23 @@ class Reader:
         trace id). Feedback files are merged in trace id order, so a slice reads only its own
         row groups. The slices cover every id, of whatever shape, exactly once."""
         cuts = _feedback_cuts(self.traces_dir, REWARDS_PER_SLICE)
+        # the traces are read only within the unresolved rows' ids (none: not at all): a slice's
+        # traces are millions of rows, which a team's Arrow scan reads at 1.2-1.6 s per slice at 100M
+        todo = self.rows(
+            "SELECT min(trace_id) AS low, max(trace_id) AS high FROM feedback "
+            "WHERE name = 'reward' AND checkpoint_version IS NULL"
+        )[0]
         sums: dict[str, tuple[float, int]] = {}
         for low, high in zip([None, *cuts], [*cuts, None]):  # the first and last open-ended
             bounds = [(op, cut) for op, cut in ((">=", low), ("<", high)) if cut is not None]
             ids = " AND ".join(f"trace_id {op} ${i}" for i, (op, _) in enumerate(bounds, 1)) or "true"
-            for r in self.rows(CHECKPOINT_REWARDS_SQL.replace("{ids}", ids), [cut for _, cut in bounds]):
+            params = [cut for _, cut in bounds]
+            unresolved = "false"
+            if todo["low"] is not None:
+                unresolved = f"trace_id BETWEEN ${len(params) + 1} AND ${len(params) + 2}"
+                params += [todo["low"], todo["high"]]
+            sql = CHECKPOINT_REWARDS_SQL.replace("{ids}", ids).replace("{unresolved}", unresolved)
+            for r in self.rows(sql, params):
                 total, rewarded = sums.get(r["version"], (0.0, 0))
                 sums[r["version"]] = (total + (r["total"] or 0.0), rewarded + r["rewarded"])
         return {version: counted for version, counted in sums.items() if counted[1]}

@@ -140,6 +140,7 @@ def test_feedback_written_before_the_column_reads_as_unresolved(tmp_path):
     post(tmp_path, (B, "red", 0.5))
     compact_feedback(tmp_path)
     assert resolved(tmp_path) == {(A, "red"): "v1", (B, "red"): "base"}
+    assert page(tmp_path)["red"] == {"v1": (0.7, 1), "base": (0.5, 1)}  # every row resolved: no trace read
 
 
 def test_the_page_in_slices_of_one_row_gives_the_same_figures(root, monkeypatch):
