@@ -330,14 +330,9 @@ def file_newest(path: Path) -> datetime | None:
     import pyarrow.parquet as pq
 
     def read(path: Path) -> datetime | None:
-        meta, newest = pq.read_metadata(path), None
-        for g in range(meta.num_row_groups):
-            group = meta.row_group(g)
-            for c in range(group.num_columns):
-                column = group.column(c)
-                if column.path_in_schema == "time_received" and column.statistics and column.statistics.has_min_max:
-                    top = column.statistics.max
-                    newest = top if newest is None or top > newest else newest
+        newest = None
+        for stats, _ in _column_stats(pq.read_metadata(path), "time_received"):
+            newest = stats.max if newest is None or stats.max > newest else newest
         return newest if isinstance(newest, datetime) and newest.tzinfo else None
 
     return once_per_file(_FILE_NEWEST, path, read)
@@ -352,16 +347,20 @@ def file_id_groups(path: Path) -> list[tuple[str, int]]:
     import pyarrow.parquet as pq
 
     def read(path: Path) -> list[tuple[str, int]]:
-        meta, groups = pq.read_metadata(path), []
-        for g in range(meta.num_row_groups):
-            group = meta.row_group(g)
-            for c in range(group.num_columns):
-                column = group.column(c)
-                if column.path_in_schema == "trace_id" and column.statistics and column.statistics.has_min_max:
-                    groups.append((column.statistics.min, group.num_rows))
-        return groups
+        return [(stats.min, rows) for stats, rows in _column_stats(pq.read_metadata(path), "trace_id")]
 
     return once_per_file(_FILE_ID_GROUPS, path, read)
+
+
+def _column_stats(meta, name: str) -> Iterator[tuple]:
+    """Column ``name``'s statistics and the rows of each row group of a Parquet footer that has
+    its minimum and maximum."""
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            column = group.column(c)
+            if column.path_in_schema == name and column.statistics and column.statistics.has_min_max:
+                yield column.statistics, group.num_rows
 
 
 def newest_received(root: Path, day: date) -> datetime | None:
