@@ -255,6 +255,7 @@ class CanaryController:
         except BaseException:
             self.registry.restore_canary(alias, record, entry)
             raise
+        self.registry.canary_moved(entry, self.now().isoformat())
 
     def watch(self, alias: str, on_look: Callable[[Decision], None] = lambda d: None, sleep=time.sleep) -> Decision:
         """Look every ``interval_s`` until a decision; returns it."""

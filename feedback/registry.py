@@ -168,6 +168,18 @@ class Registry:
             data["checkpoints"][running["candidate"]]["canary"] = decision
             return True
 
+    def canary_moved(self, decision: dict, moved: str) -> None:
+        """Add to a decision :meth:`finish_canary` recorded when the alias moved (``moved``): from
+        then on only the decided version serves it; between ``decided`` and ``moved`` the split
+        still stood."""
+        with self._edit() as data:
+            for found in data.get("decisions", []):
+                if found == decision:
+                    found["moved"] = moved
+            checkpoint = data["checkpoints"][decision["candidate"]]
+            if checkpoint.get("canary") == decision:
+                checkpoint["canary"] = {**decision, "moved": moved}
+
     def restore_canary(self, alias: str, record: dict, decision: dict) -> None:
         """Undo :meth:`finish_canary` when acting on its decision failed: still running."""
         with self._edit() as data:

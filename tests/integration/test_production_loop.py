@@ -125,9 +125,9 @@ def test_the_loop_on_production_traffic_promotes_what_users_reward_and_rolls_bac
     assert served["candidate"] / served["every"] <= 0.5 + 4 * math.sqrt(0.25 / served["every"]), served
     after = store.sql(
         "SELECT count(*) AS n FROM traces WHERE checkpoint_version = $1 AND time_received > $2::TIMESTAMPTZ",
-        params=[t["candidate"], decided["decided"]],
+        params=[t["candidate"], decided["moved"]],
     ).to_pylist()[0]["n"]
-    assert after == 0  # and nothing once rolled back
+    assert after == 0  # and nothing once the alias moved back (the split stands until then)
     failed = store.sql(
         "SELECT count(*) AS n FROM traces WHERE gen_ai_request_model = 'tiny' AND team = 'demo' AND http_status <> 200 "
         "AND time_received >= $1::TIMESTAMPTZ",

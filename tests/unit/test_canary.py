@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from feedback.canary import ArmEvidence, CanaryPolicy, decide, evidence
+from feedback.canary import ArmEvidence, CanaryController, CanaryPolicy, decide, evidence
 from feedback.registry import CanaryRunning, Registry
 from traces.feedback import write_feedback
 from traces.store import TraceStore
@@ -129,3 +129,34 @@ def test_one_canary_per_alias_decided_once_and_recorded_in_the_lineage(tmp_path)
     assert registry.canaries() == {} and registry.decisions() == [decision]
     assert registry.get("v2").canary == decision
     registry.start_canary("tiny", {**record, "started": "again"})  # the alias is free again
+
+
+class RouteMovesSeen:
+    """Stands in for the gateway's admin API (feedback/hotswap.py): records, at each move of an
+    alias, what the registry held then."""
+
+    def __init__(self, registry: Registry):
+        self.registry, self.moves = registry, []
+
+    def split(self, alias, weights, shadow=frozenset()):
+        pass
+
+    def point(self, alias, version):
+        self.moves.append((alias, version, self.registry.decisions()))
+
+
+def test_a_decision_is_recorded_before_the_alias_moves_and_says_when_it_moved(tmp_path):
+    (tmp_path / "v2").mkdir()
+    registry = Registry(tmp_path / "checkpoints.json")
+    registry.register("v2", "lora", tmp_path / "v2", "tiny")
+    clock = iter(datetime(2026, 12, 7, 12, 0, s, tzinfo=timezone.utc) for s in range(60))
+    swap = RouteMovesSeen(registry)
+    controller = CanaryController(swap, registry, store=None, now=lambda: next(clock))
+    controller.start("tiny", "v2", CanaryPolicy())
+    controller.stop("tiny")
+    ((alias, version, seen),) = swap.moves
+    assert (alias, version) == ("tiny", "base")
+    assert [d["action"] for d in seen] == ["rollback"] and "moved" not in seen[0]  # decided, not moved yet
+    decision = registry.get("v2").canary
+    assert registry.decisions() == [decision] and decision["decided"] < decision["moved"]
+    assert {k: v for k, v in decision.items() if k != "moved"} == seen[0]
