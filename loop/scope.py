@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-
-def quote(value: str) -> str:
-    """A SQL string literal (the export takes one SELECT, so its values are quoted, not bound)."""
-    return "'" + value.replace("'", "''") + "'"
+from traces.sql import sql_string as quote  # the export takes one SELECT: its values are quoted, not bound
 
 
 def run_scope(team: str, key_id: str | None) -> str:

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from traces.ids import id_days
 from traces.schema import FEEDBACK_VISIBLE_SQL
+from traces.sql import file_list
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,7 @@ def _lookup(con, ids: list[str | None], trace_files: Callable[[list[date]], list
         files = trace_files(list(days))
         if not files:
             continue
-        names = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
-        source = f"read_parquet([{names}], union_by_name = true, hive_partitioning = false)"
+        source = f"read_parquet({file_list(files)}, union_by_name = true, hive_partitioning = false)"
         if COLUMN not in {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}:
             continue  # a schema older than the column: left to the read-time join, as the view reads them
         sql = (

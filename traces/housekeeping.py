@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from traces.feedback_checkpoints import with_checkpoints
 from traces.files import seal
 from traces.schema import FEEDBACK_DIR, SCHEMA_VERSION
+from traces.sql import file_list
 from traces.spool import SEGMENT_GLOB, converted_name, fsync_path, read_segment
 
 JOURNAL = "_compaction.json"
@@ -215,9 +216,8 @@ def merge_part(
     journal.write_text(json.dumps({"inputs": hidden, "output": output}))
     fsync_path(journal)
     tmp = part / f".{output}.tmp"
-    files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in inputs)
     rows_sql = (
-        f"SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false) "
+        f"SELECT * FROM read_parquet({file_list(inputs)}, union_by_name = true, hive_partitioning = false) "
         f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY {newest} DESC NULLS LAST) = 1"
     )
     if fill is not None:
