@@ -33,6 +33,7 @@ from traces.guard import check_select
 from traces.housekeeping import feedback_partitions, partitions, visible_files
 from traces.prefix import reconstruct_prompts
 from traces.schema import FEEDBACK_VISIBLE_SQL, TRACE_SCHEMA
+from traces.sql import file_list, sql_string
 
 LAYOUTS = (
     "date=*/model=*/*.parquet",  # schema v2 and later
@@ -82,10 +83,6 @@ SELECT f.trace_id, f.name,
 FROM feedback f JOIN traces t ON f.trace_id = t.trace_id AND {FEEDBACK_VISIBLE_SQL}
 GROUP BY f.trace_id, f.name
 """
-
-
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
 
 
 class TraceStore:
@@ -146,7 +143,7 @@ class TraceStore:
             sources = [_parquet_source(group, hive=True) for group in _by_schema(current)]
             if legacy:
                 sources.append(
-                    f"SELECT * FROM read_parquet({_sql_str(str(self.root / LAYOUTS[1]))}, "
+                    f"SELECT * FROM read_parquet({sql_string(str(self.root / LAYOUTS[1]))}, "
                     f"hive_partitioning = true, union_by_name = true)"
                 )
             if sources:
@@ -169,7 +166,7 @@ class TraceStore:
             else:  # a column newer than every file: null, typed
                 cols.append(f"NULL::{_duck_type(f.type)} AS {f.name}")
         cols += [c for c in ("date", "model") if c in have]
-        where = f" WHERE team = {_sql_str(self.team)}" if self.team is not None else ""
+        where = f" WHERE team = {sql_string(self.team)}" if self.team is not None else ""
         self.con.execute(f"CREATE OR REPLACE VIEW traces AS SELECT {', '.join(cols)} FROM _traces_raw{where}")
         self.con.execute(f"CREATE OR REPLACE VIEW traces_full AS {_FULL_SQL}")
         self.con.execute(f"CREATE OR REPLACE VIEW sessions AS {_SESSIONS_SQL}")
@@ -194,11 +191,11 @@ class TraceStore:
 
     def _lock_down(self) -> None:
         if self.team is None:  # the admin's sandbox reads the files themselves, and only those
-            self.con.execute(f"SET allowed_directories = [{_sql_str(str(self.root.resolve()) + '/')}]")
-        self.con.execute(f"SET memory_limit = {_sql_str(self.memory_limit)}")
+            self.con.execute(f"SET allowed_directories = [{sql_string(str(self.root.resolve()) + '/')}]")
+        self.con.execute(f"SET memory_limit = {sql_string(self.memory_limit)}")
         # DuckDB's default spills, unbounded, into a .tmp folder where the process was started
         if self.spill_dir and self.max_spill_bytes > 0:
-            self.con.execute(f"SET temp_directory = {_sql_str(str(self.spill_dir))}")
+            self.con.execute(f"SET temp_directory = {sql_string(str(self.spill_dir))}")
             self.con.execute(f"SET max_temp_directory_size = '{int(self.max_spill_bytes)}B'")
         else:
             self.con.execute("SET temp_directory = ''")
@@ -259,7 +256,7 @@ class TraceStore:
         if not trace_ids:
             return {}
         cols = "trace_id, prompt_prefix_trace_id, prompt_prefix_len, prompt_new_token_ids, completion_token_ids"
-        ids = ", ".join(_sql_str(t) for t in trace_ids)
+        ids = ", ".join(sql_string(t) for t in trace_ids)
         # One scan for the sessions involved; references normally stay inside a session.
         rows = {
             r["trace_id"]: r
@@ -279,7 +276,7 @@ class TraceStore:
             if not missing:
                 break
             more = self.con.sql(
-                f"SELECT {cols} FROM traces WHERE trace_id IN ({', '.join(_sql_str(t) for t in missing)})"
+                f"SELECT {cols} FROM traces WHERE trace_id IN ({', '.join(sql_string(t) for t in missing)})"
             ).to_arrow_table()
             if more.num_rows == 0:
                 break
@@ -321,46 +318,46 @@ def file_schema(path: Path) -> pa.Schema:
     return once_per_file(_FILE_SCHEMAS, path, read)
 
 
-_FILE_NEWEST: dict[tuple[str, int, int], datetime | None] = {}
+# the columns whose row-group statistics a reader uses: the ids' (feedback slices), the times'
+# (where a list page starts) and those a list page's filters compare for equality
+STATS_COLUMNS = ("trace_id", "time_received", "gen_ai_request_model", "checkpoint_version", "gen_ai_conversation_id", "env_id")
+_FILE_GROUPS: dict[tuple[str, int, int], list[dict]] = {}
+
+
+def file_groups(path: Path) -> list[dict]:
+    """Each row group of Parquet file ``path`` as ``{"rows": n, column: (min, max, nulls)}``
+    for the :data:`STATS_COLUMNS` its footer has statistics for (a column without them is
+    absent), the footer read once per process (4 ms for a file of the 100M bench)."""
+    import pyarrow.parquet as pq
+
+    def read(path: Path) -> list[dict]:
+        meta = pq.read_metadata(path)
+        groups = []
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            found: dict = {"rows": group.num_rows}
+            for c in range(group.num_columns):
+                column = group.column(c)
+                stats = column.statistics
+                if column.path_in_schema in STATS_COLUMNS and stats and stats.has_min_max:
+                    found[column.path_in_schema] = (stats.min, stats.max, stats.null_count if stats.has_null_count else None)
+            groups.append(found)
+        return groups
+
+    return once_per_file(_FILE_GROUPS, path, read)
 
 
 def file_newest(path: Path) -> datetime | None:
     """The newest ``time_received`` in Parquet file ``path``, from its row groups' statistics
-    (None: not known), its footer read once per process (4 ms for a file of the 100M bench)."""
-    import pyarrow.parquet as pq
-
-    def read(path: Path) -> datetime | None:
-        newest = None
-        for stats, _ in _column_stats(pq.read_metadata(path), "time_received"):
-            newest = stats.max if newest is None or stats.max > newest else newest
-        return newest if isinstance(newest, datetime) and newest.tzinfo else None
-
-    return once_per_file(_FILE_NEWEST, path, read)
-
-
-_FILE_ID_GROUPS: dict[tuple[str, int, int], list[tuple[str, int]]] = {}
+    (None: not known)."""
+    newest = max((g["time_received"][1] for g in file_groups(path) if "time_received" in g), default=None)
+    return newest if isinstance(newest, datetime) and newest.tzinfo else None
 
 
 def file_id_groups(path: Path) -> list[tuple[str, int]]:
     """Each row group of Parquet file ``path`` as its smallest ``trace_id`` and its rows (a
-    group without statistics is left out), its footer read once per process."""
-    import pyarrow.parquet as pq
-
-    def read(path: Path) -> list[tuple[str, int]]:
-        return [(stats.min, rows) for stats, rows in _column_stats(pq.read_metadata(path), "trace_id")]
-
-    return once_per_file(_FILE_ID_GROUPS, path, read)
-
-
-def _column_stats(meta, name: str) -> Iterator[tuple]:
-    """Column ``name``'s statistics and the rows of each row group of a Parquet footer that has
-    its minimum and maximum."""
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        for c in range(group.num_columns):
-            column = group.column(c)
-            if column.path_in_schema == name and column.statistics and column.statistics.has_min_max:
-                yield column.statistics, group.num_rows
+    group without statistics is left out)."""
+    return [(g["trace_id"][0], g["rows"]) for g in file_groups(path) if "trace_id" in g]
 
 
 def newest_received(root: Path, day: date) -> datetime | None:
@@ -377,6 +374,32 @@ def newest_received(root: Path, day: date) -> datetime | None:
             if top is not None and (newest is None or top > newest):
                 newest = top
     return newest
+
+
+def newest_that_may_match(root: Path, days: list[date], equal: dict[str, str]) -> tuple[bool, datetime | None]:
+    """Where, by the row groups' statistics, the newest row of ``days`` whose columns equal
+    ``equal`` ({column: value}) may be: (False, None) when no row group may hold one; (True,
+    the newest time such a row group holds) when that is known; (True, None) when it is not (a
+    group without time statistics, or with rows without a time). A list page filtered on a
+    checkpoint starts its walk there: a checkpoint of last week otherwise costs an empty first
+    span and a query for its newest row. The time is an upper bound, never below the row's."""
+    found, newest = False, None
+    for day in days:
+        folder = root / f"date={day.isoformat()}"
+        files = [f for part in folder.glob("model=*") for f in visible_files(part)]
+        for f in files + sorted(p for p in folder.glob("*.parquet") if not p.name.startswith(".")):  # + the first cut's
+            try:
+                groups = file_groups(f)
+            except FileNotFoundError:  # merged away since the listing, into a file not listed
+                return True, None
+            for g in groups:
+                if any(c in g and not g[c][0] <= v <= g[c][1] for c, v in equal.items()):
+                    continue
+                low, high, nulls = g.get("time_received", (None, None, None))
+                if nulls != 0 or not isinstance(high, datetime) or high.tzinfo is None:
+                    return True, None
+                found, newest = True, max(newest or high, high)
+    return found, newest
 
 
 def trace_files(root: Path) -> tuple[list[Path], list[Path]]:
@@ -410,9 +433,8 @@ def _parquet_source(files: list[Path], hive: bool | None = None) -> str:
     to open a snapshot's six views (measured at 10M traces). Files of one schema need none of it;
     the groups are joined ``UNION ALL BY NAME``, which fills a column a group lacks with NULL.
     ``hive`` None leaves the partition columns to DuckDB's guess from the paths, as before."""
-    listed = "[" + ", ".join(_sql_str(str(f)) for f in files) + "]"
     partitioning = "" if hive is None else f", hive_partitioning = {str(hive).lower()}"  # None: DuckDB's own guess
-    return f"SELECT * FROM read_parquet({listed}{partitioning})"
+    return f"SELECT * FROM read_parquet({file_list(files)}{partitioning})"
 
 
 def _team_dataset(root: Path, files: list[Path], schema: pa.Schema, team: str, hive: bool):

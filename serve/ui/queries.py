@@ -21,7 +21,7 @@ from traces import rollups
 from traces.housekeeping import feedback_partitions, visible_files
 from traces.ids import id_days
 from traces.schema import FEEDBACK_VISIBLE_SQL, feedback_visible
-from traces.store import SnapshotGone, file_id_groups, newest_received
+from traces.store import SnapshotGone, file_id_groups, newest_received, newest_that_may_match
 
 LIST_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_version,
     gen_ai_conversation_id, env_id, http_status, error, finish_reason, gen_ai_usage_input_tokens,
@@ -38,6 +38,15 @@ MAX_LISTED = 100_000  # the newest matches a page may reach: each page reads the
 
 class BadFilter(ValueError):
     """A filter value that cannot be read (a date that is not one, a reward that is no number)."""
+
+
+# the filters that ask a column to equal their value
+_EQUALITIES = {
+    "model": "gen_ai_request_model",
+    "checkpoint": "checkpoint_version",
+    "session": "gen_ai_conversation_id",
+    "env": "env_id",
+}
 
 
 @dataclass
@@ -76,14 +85,8 @@ class TraceFilters:
             if moment is not None:
                 # the date partition column lets DuckDB skip whole days' files
                 clauses.append(f"date {op} {bind(moment.date())} AND time_received {op} {bind(moment)}")
-        for name, column in (
-            ("model", "gen_ai_request_model"),
-            ("checkpoint", "checkpoint_version"),
-            ("session", "gen_ai_conversation_id"),
-            ("env", "env_id"),
-        ):
-            if getattr(self, name):
-                clauses.append(f"{column} = {bind(getattr(self, name))}")
+        for column, value in self.equalities().items():
+            clauses.append(f"{column} = {bind(value)}")
         if self.status == "ok":
             clauses.append("error IS NULL")
         elif self.status == "error":
@@ -109,6 +112,10 @@ class TraceFilters:
             )
             clauses.append(f"({likes})")
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+    def equalities(self) -> dict[str, str]:
+        """The filters that ask a column to equal a value, by column."""
+        return {column: getattr(self, name) for name, column in _EQUALITIES.items() if getattr(self, name)}
 
     def bounds(self) -> tuple[datetime | None, datetime | None]:
         """``since`` and ``until`` as UTC times (None where not given)."""
@@ -304,7 +311,13 @@ class Reader:
         need = (page + 1) * size + 1
         since, until = filters.bounds()
         days = [d for d in _days(self.traces_dir) if (not since or d >= since.date()) and (not until or d <= until.date())]
-        top = [datetime.now(timezone.utc), until, newest_received(Path(self.traces_dir), days[0]) if days else None]
+        # by the files' statistics: no row can match, or none is newer than this
+        equal = filters.equalities()
+        found, newest = newest_that_may_match(Path(self.traces_dir), days, equal) if equal else (True, None)
+        if not found:
+            return [], False
+        days = [d for d in days if newest is None or d <= newest.date()]
+        top = [datetime.now(timezone.utc), until, newest or (newest_received(Path(self.traces_dir), days[0]) if days else None)]
         walk = spans(days, min(t for t in top if t is not None))
         cheap = filters.where(costly=False)
         found: list[dict] = []

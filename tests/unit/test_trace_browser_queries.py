@@ -11,7 +11,7 @@ import pytest
 from serve.ui.queries import BadFilter, Reader, Span, TraceFilters, spans
 from traces.ids import id_days
 from traces.feedback import write_feedback
-from traces.store import TraceStore, newest_received
+from traces.store import TraceStore, newest_received, newest_that_may_match
 from traces.writer import TraceWriter
 
 T0 = datetime(2026, 11, 28, 22, 0, tzinfo=timezone.utc)
@@ -260,6 +260,35 @@ def test_a_walk_starts_at_the_newest_time_its_day_holds(burst):
     assert newest_received(Path(root), date(2026, 12, 1)) == END - timedelta(seconds=1)
     written = datetime.now(timezone.utc).date()  # the day the row without a time was written on
     assert newest_received(Path(root), written) is None and newest_received(Path(root), date(2020, 1, 1)) is None
+
+
+def test_a_filter_on_a_checkpoint_starts_where_the_files_say_its_newest_row_may_be(burst, monkeypatch):
+    root, _ = burst
+    days = sorted((date.fromisoformat(p.name[5:]) for p in Path(root).glob("date=*")), reverse=True)
+    older = [d for d in days if d < END.date()]  # all but the day the row without a time was written on
+    assert newest_that_may_match(Path(root), older, {"checkpoint_version": "new"}) == (True, END - timedelta(seconds=1))
+    # 'old' is last seen 4 days back, but imported-7 (30 h back) has no checkpoint: its file has no
+    # statistics to rule it out, and the bound is an upper one
+    assert newest_that_may_match(Path(root), older, {"checkpoint_version": "old"}) == (True, END - timedelta(hours=30))
+    # the day written today holds an 'old' row without a time: not known
+    assert newest_that_may_match(Path(root), days, {"checkpoint_version": "old"}) == (True, None)
+    for team in (None, "red"):  # the walk from the bound: every row, in order, as one ORDER BY gives them
+        for checkpoint, since in (("new", ""), ("old", ""), ("old", "2026-11-01")):
+            expected = TraceStore(root, team=team).sql(
+                "SELECT trace_id FROM traces WHERE checkpoint_version = $1 AND time_received >= $2::TIMESTAMPTZ "
+                "ORDER BY time_received DESC, trace_id DESC",
+                params=[checkpoint, since or "2000-01-01"],
+            )
+            untimed = ["untimed"] if checkpoint == "old" and not since else []
+            got = all_pages(Reader(root, team, 30), TraceFilters(checkpoint=checkpoint, since=since), 7)
+            assert got == untimed + [r["trace_id"] for r in expected.to_pylist()] and len(got) >= 3
+    # a checkpoint no file of those days may hold: the page is empty, and no query was asked
+    four_days_back = [date(2026, 11, 28), date(2026, 11, 27)]
+    assert newest_that_may_match(Path(root), four_days_back, {"checkpoint_version": "gone"}) == (False, None)
+    asked = []
+    monkeypatch.setattr(Reader, "rows", lambda self, sql, params=None, limit=0: asked.append(sql))
+    gone = TraceFilters(checkpoint="gone", since="2026-11-27", until="2026-11-28T23:59")
+    assert Reader(root, "red", 30).traces(gone, 0, 10) == ([], False) and asked == []
 
 
 def test_spans_cover_each_moment_once_newest_first():
