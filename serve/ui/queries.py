@@ -311,15 +311,17 @@ class Reader:
         need = (page + 1) * size + 1
         since, until = filters.bounds()
         days = [d for d in _days(self.traces_dir) if (not since or d >= since.date()) and (not until or d <= until.date())]
-        # by the files' statistics: no row can match, or none is newer than this
         equal = filters.equalities()
         found, newest = newest_that_may_match(Path(self.traces_dir), days, equal) if equal else (True, None)
-        if not found:
+        if not found:  # by the files' statistics, no row can match
             return [], False
-        days = [d for d in days if newest is None or d <= newest.date()]
-        top = [datetime.now(timezone.utc), until, newest or (newest_received(Path(self.traces_dir), days[0]) if days else None)]
-        walk = spans(days, min(t for t in top if t is not None))
+        top = [datetime.now(timezone.utc), until, newest_received(Path(self.traces_dir), days[0]) if days else None]
+        top = min(t for t in top if t is not None)
+        walk = spans(days, top)
         cheap = filters.where(costly=False)
+        if newest is not None and newest < top - FIRST_SPAN:
+            # none is newer than ``newest``: the first span would hold none; start at the newest
+            walk = self._skip_ahead(cheap, days, Span([newest.date()], newest + timedelta(microseconds=1)), walk)
         found: list[dict] = []
         while len(found) < need and (span := next(walk, None)):
             scope, scope_params = span.sql("", len(params) + 1)

@@ -272,15 +272,17 @@ def test_a_filter_on_a_checkpoint_starts_where_the_files_say_its_newest_row_may_
     assert newest_that_may_match(Path(root), older, {"checkpoint_version": "old"}) == (True, END - timedelta(hours=30))
     # the day written today holds an 'old' row without a time: not known
     assert newest_that_may_match(Path(root), days, {"checkpoint_version": "old"}) == (True, None)
-    for team in (None, "red"):  # the walk from the bound: every row, in order, as one ORDER BY gives them
-        for checkpoint, since in (("new", ""), ("old", ""), ("old", "2026-11-01")):
+    for team in (None, "red"):  # every row, in order, as one ORDER BY gives them
+        # until: without the day of the row without a time, 'old' may be no newer than 30 h back,
+        # and the walk starts at its newest row instead of an empty first span
+        for checkpoint, since, until in (("new", "", ""), ("old", "", ""), ("old", "2026-11-01", ""), ("old", "", "2026-12-01")):
             expected = TraceStore(root, team=team).sql(
                 "SELECT trace_id FROM traces WHERE checkpoint_version = $1 AND time_received >= $2::TIMESTAMPTZ "
-                "ORDER BY time_received DESC, trace_id DESC",
-                params=[checkpoint, since or "2000-01-01"],
+                "AND time_received <= $3::TIMESTAMPTZ ORDER BY time_received DESC, trace_id DESC",
+                params=[checkpoint, since or "2000-01-01", until or "3000-01-01"],
             )
-            untimed = ["untimed"] if checkpoint == "old" and not since else []
-            got = all_pages(Reader(root, team, 30), TraceFilters(checkpoint=checkpoint, since=since), 7)
+            untimed = ["untimed"] if checkpoint == "old" and not since and not until else []
+            got = all_pages(Reader(root, team, 30), TraceFilters(checkpoint=checkpoint, since=since, until=until), 7)
             assert got == untimed + [r["trace_id"] for r in expected.to_pylist()] and len(got) >= 3
     # a checkpoint no file of those days may hold: the page is empty, and no query was asked
     four_days_back = [date(2026, 11, 28), date(2026, 11, 27)]
