@@ -381,8 +381,8 @@ def newest_that_may_match(root: Path, days: list[date], equal: dict[str, str]) -
     ``equal`` ({column: value}) may be: (False, None) when no row group may hold one; (True,
     the newest time such a row group holds) when that is known; (True, None) when it is not (a
     group without time statistics, or with rows without a time). A list page filtered on a
-    checkpoint starts its walk there: a checkpoint of last week otherwise costs an empty first
-    span and a query for its newest row. The time is an upper bound, never below the row's."""
+    checkpoint of last week skips ahead from there at once, not after an empty first span; one
+    no file may hold costs no query. The time is an upper bound, never below the row's."""
     found, newest = False, None
     for day in days:
         folder = root / f"date={day.isoformat()}"
@@ -395,7 +395,7 @@ def newest_that_may_match(root: Path, days: list[date], equal: dict[str, str]) -
             for g in groups:
                 if any(c in g and not g[c][0] <= v <= g[c][1] for c, v in equal.items()):
                     continue
-                low, high, nulls = g.get("time_received", (None, None, None))
+                _, high, nulls = g.get("time_received", (None, None, None))
                 if nulls != 0 or not isinstance(high, datetime) or high.tzinfo is None:
                     return True, None
                 found, newest = True, max(newest or high, high)
