@@ -6,8 +6,8 @@ gives it (its interception server, which forwards to the gateway and records the
 calls the task's MCP tools when the model asks, and stops when the model answers without a
 tool call or the server ends the rollout (max turns). A turn the gateway refused for now (429,
 503 while a worker restarts) or a deployment failed (5xx, which the interception server passes
-on) is sent again a few times, and so is a turn whose connection never opened; 409 and 400 are
-the server ending the rollout.
+on) is sent again a few times, and so is a turn whose connection failed (under one idempotency
+key: the server commits it once); 409 and 400 are the server ending the rollout.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 import weakref
 from contextlib import AsyncExitStack
 
@@ -23,6 +24,7 @@ import httpx
 import verifiers.v1 as vf
 from openai import APIConnectionError, APIStatusError, AsyncOpenAI
 from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
+from verifiers.v1.interception.server import IDEMPOTENCY_KEY_HEADER
 
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,6 @@ MAX_WAIT_S = 10.0
 # of 100 would hold back the rest).
 TIMEOUT = httpx.Timeout(None, connect=30.0)
 LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 
 # One HTTP client per event loop for every rollout on it. Building a client costs ~20 ms of the
 # loop (its TLS context); 256 rollouts starting together each building theirs stalled the loop
@@ -52,15 +53,19 @@ def shared_http() -> httpx.AsyncClient:
 
 async def complete(client: AsyncOpenAI, **request):
     """One chat turn, sent up to ``TRIES`` times while it is answered one of ``RETRIED`` (after
-    the response's ``Retry-After``, else 0.5, 1, 2 s) or its connection never opened (nothing
-    was sent, so nothing is sent twice); None once the rollout has ended."""
+    the response's ``Retry-After``, else 0.5, 1, 2 s) or its connection failed; None once the
+    rollout has ended. Every try carries the turn's own ``Idempotency-Key``: verifiers'
+    interception server commits one turn per key, and answers a try of a turn it already has
+    with that turn (in flight: once it is done), so a connection lost after the request was
+    sent is safe to try again (CI once lost an episode to one, of 4,096)."""
+    headers = {**request.pop("extra_headers", {}), IDEMPOTENCY_KEY_HEADER: f"turn-{uuid.uuid4().hex}"}
     for attempt in range(TRIES):
         try:
-            return await client.chat.completions.create(**request)
+            return await client.chat.completions.create(**request, extra_headers=headers)
         except APIConnectionError as exc:
-            if not isinstance(exc.__cause__, NEVER_SENT) or attempt == TRIES - 1:
+            if attempt == TRIES - 1:
                 raise
-            log.warning("turn sent again: its connection did not open (%r)", exc.__cause__)
+            log.warning("turn sent again: its connection failed (%r)", exc.__cause__)
             await asyncio.sleep(_backoff_s(attempt))
         except APIStatusError as exc:
             if exc.status_code not in RETRIED:  # the interception server ended the rollout (max turns)

@@ -1,6 +1,7 @@
 """The loop's in-process verifiers harness sends a turn again while the gateway or a deployment
-is unavailable for now or its connection never opened, ends the rollout when verifiers'
-interception server says so, and holds back none of its rollouts' turns."""
+is unavailable for now or its connection failed (each try under the turn's idempotency key),
+ends the rollout when verifiers' interception server says so, and holds back none of its
+rollouts' turns."""
 
 import asyncio
 import socket
@@ -43,7 +44,10 @@ def turn(statuses: list[int | type[httpx.TransportError]]) -> tuple[object, int]
         finally:
             await client.close()
 
-    return asyncio.run(run()), len(sent)
+    resp = asyncio.run(run())
+    keys = {r.headers.get("Idempotency-Key") for r in sent}
+    assert len(keys) == 1 and None not in keys  # every try of the turn under its one key
+    return resp, len(sent)
 
 
 def test_a_turn_refused_for_now_is_sent_again_until_it_is_answered():
@@ -69,9 +73,34 @@ def test_a_turn_whose_connection_never_opened_is_sent_again():
 
 
 @pytest.mark.parametrize("failure", [httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError])
-def test_a_turn_that_may_have_reached_the_server_is_not_sent_twice(failure):
+def test_a_turn_that_may_have_reached_the_server_is_sent_again_under_its_key(failure):
+    """The interception server commits one turn per Idempotency-Key: a try of a turn it has
+    already taken is answered with that turn, not taken twice."""
+    resp, sent = turn([failure, failure])
+    assert resp is not None and resp.choices[0].message.content == "ok" and sent == 3
     with pytest.raises(APIConnectionError):
-        turn([failure])
+        turn([failure] * TRIES)
+
+
+def test_each_turn_has_a_key_of_its_own():
+    keys = []
+
+    def endpoint(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers["Idempotency-Key"])
+        return httpx.Response(200, json=ANSWER)
+
+    async def run():
+        client = AsyncOpenAI(
+            base_url="http://gateway/v1",
+            api_key="k",
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=httpx.MockTransport(endpoint)),
+        )
+        for _ in range(3):
+            await complete(client, model="tiny", messages=[{"role": "user", "content": "hi"}])
+
+    asyncio.run(run())
+    assert len(set(keys)) == 3
 
 
 def test_the_rollouts_of_one_loop_share_a_client_that_holds_none_of_their_turns_back():
