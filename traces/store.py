@@ -365,15 +365,19 @@ def newest_received(root: Path, day: date) -> datetime | None:
     known). A list page starts its walk there rather than at the day's end or now: a store whose
     traffic stopped hours ago would otherwise ask that many empty spans first."""
     newest = None
-    for part in (root / f"date={day.isoformat()}").glob("model=*"):
-        for f in visible_files(part):
-            try:
-                top = file_newest(f)
-            except FileNotFoundError:  # merged away since the listing: its rows are in another file
-                continue
-            if top is not None and (newest is None or top > newest):
-                newest = top
+    for f in _day_files(root, day):
+        try:
+            top = file_newest(f)
+        except FileNotFoundError:  # merged away since the listing: its rows are in another file
+            continue
+        if top is not None and (newest is None or top > newest):
+            newest = top
     return newest
+
+
+def _day_files(root: Path, day: date) -> list[Path]:
+    """The visible trace files of day ``day``, in the current layout."""
+    return [f for part in (root / f"date={day.isoformat()}").glob("model=*") for f in visible_files(part)]
 
 
 def newest_that_may_match(root: Path, days: list[date], equal: dict[str, str]) -> tuple[bool, datetime | None]:
@@ -385,9 +389,8 @@ def newest_that_may_match(root: Path, days: list[date], equal: dict[str, str]) -
     no file may hold costs no query. The time is an upper bound, never below the row's."""
     found, newest = False, None
     for day in days:
-        folder = root / f"date={day.isoformat()}"
-        files = [f for part in folder.glob("model=*") for f in visible_files(part)]
-        for f in files + sorted(p for p in folder.glob("*.parquet") if not p.name.startswith(".")):  # + the first cut's
+        first_cut = sorted(p for p in (root / f"date={day.isoformat()}").glob("*.parquet") if not p.name.startswith("."))
+        for f in _day_files(root, day) + first_cut:
             try:
                 groups = file_groups(f)
             except FileNotFoundError:  # merged away since the listing, into a file not listed
