@@ -37,7 +37,15 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     # no proxy headers: clients reach the gateway directly, and a forwarded-for from them means nothing
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False, proxy_headers=False)
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        timeout_keep_alive=config.keep_alive_s,
+        log_level="warning",
+        access_log=False,
+        proxy_headers=False,
+    )
 
 
 if __name__ == "__main__":

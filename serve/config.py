@@ -272,6 +272,12 @@ class QueryConfig(StrictModel):
 class GatewayConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = 8000
+    keep_alive_s: int = Field(
+        75,
+        ge=1,
+        description="how long an idle client connection is kept open; above the clients' own idle expiry (httpx and "
+        "the openai SDK: 5 s) so a client never reuses a connection the gateway is closing (deploy/bench/keepalive.py)",
+    )
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="names a browser may reach the gateway by, besides loopback and host (a proxy's name; serve/cross_site.py)",
