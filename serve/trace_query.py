@@ -59,10 +59,10 @@ def spill_root(config: GatewayConfig) -> str:
     return config.query.spill_dir or str(Path(tempfile.gettempdir()) / f"flywheel-query-spill-{config.instance_name}")
 
 
-def scoped_store(root: str, team: str | None, limits: QueryLimits = QueryLimits()) -> TraceStore:
+def scoped_store(root: str, team: str | None, limits: QueryLimits = QueryLimits(), sealed: bool = True) -> TraceStore:
     """The one way the gateway opens the store (this endpoint and the trace browser): a
     sandboxed snapshot scoped to ``team`` (None: the admin, every team) that accepts only
-    guarded SELECTs."""
+    guarded SELECTs. ``sealed`` False only for statements the gateway writes (``TraceStore``)."""
     spill = None
     if limits.spill_dir and limits.max_spill_bytes:
         spill = Path(limits.spill_dir, str(os.getpid()))
@@ -75,6 +75,7 @@ def scoped_store(root: str, team: str | None, limits: QueryLimits = QueryLimits(
         memory_limit=limits.memory_limit,
         spill_dir=spill,
         max_spill_bytes=limits.max_spill_bytes,
+        sealed=sealed,
     )
 
 

@@ -95,12 +95,20 @@ class TraceStore:
         memory_limit: str = "1GB",
         spill_dir: str | Path | None = None,
         max_spill_bytes: int = 0,
+        sealed: bool = True,
     ):
         """``memory_limit`` bounds DuckDB's buffer pool (not every string an expression builds:
         a sandboxed caller bounds the process too, see ``serve.query_pool``). A sandboxed store
-        spills at most ``max_spill_bytes`` into ``spill_dir`` (0 or no directory: never)."""
+        spills at most ``max_spill_bytes`` into ``spill_dir`` (0 or no directory: never).
+
+        A team's store is sealed: its rows come through Arrow datasets filtered to the team and
+        DuckDB may open no file, whatever SQL it is sent. ``sealed=False`` is for statements we
+        write (the trace browser's pages), never a user's: the views filter the team's rows out
+        of DuckDB's own Parquet reader, which skips row groups by their Bloom filters and reads
+        a row's other columns only once its filters matched; an Arrow scan reads every projected
+        column of each row group it cannot skip before it filters."""
         self.root = Path(root)
-        self.team, self.memory_limit = team, memory_limit
+        self.team, self.memory_limit, self.sealed = team, memory_limit, sealed and team is not None
         self.spill_dir, self.max_spill_bytes = spill_dir, max_spill_bytes
         self.sandbox = sandbox or team is not None
         self.con = duckdb.connect(":memory:")
@@ -134,8 +142,8 @@ class TraceStore:
         # snapshot reads the same files: a glob would be expanded again at each query and could
         # see a compaction's output beside its inputs.
         current, legacy = trace_files(self.root)
-        if self.team is not None:
-            # A team's connection holds nothing unfiltered: its rows come through an Arrow
+        if self.sealed:
+            # A sealed team's connection holds nothing unfiltered: its rows come through an Arrow
             # dataset filtered to the team, and DuckDB itself may open no file at all, so no
             # name, table function or catalog trick can reach another team's rows.
             self.con.register("_traces_raw", _team_dataset(self.root, current + legacy, TRACE_SCHEMA, self.team, hive=True))
@@ -173,7 +181,7 @@ class TraceStore:
         self.con.execute(f"CREATE OR REPLACE VIEW usage_by_team AS {_USAGE_SQL}")
         # bound as a list of files, as the traces are, so a compaction cannot show a row twice
         fb_files = [f for part in feedback_partitions(self.root) for f in visible_files(part)]
-        if self.team is not None:
+        if self.sealed:
             self.con.register("_feedback_raw", _team_dataset(self.root, fb_files, FEEDBACK_SCHEMA, self.team, hive=False))
             fb = "SELECT * FROM _feedback_raw"
         elif fb_files:
@@ -190,7 +198,7 @@ class TraceStore:
         self.con.execute(f"CREATE OR REPLACE VIEW rewards AS {_REWARDS_SQL}")
 
     def _lock_down(self) -> None:
-        if self.team is None:  # the admin's sandbox reads the files themselves, and only those
+        if not self.sealed:  # the admin's sandbox (or an unsealed team's) reads the files themselves, and only those
             self.con.execute(f"SET allowed_directories = [{sql_string(str(self.root.resolve()) + '/')}]")
         self.con.execute(f"SET memory_limit = {sql_string(self.memory_limit)}")
         # DuckDB's default spills, unbounded, into a .tmp folder where the process was started
