@@ -175,14 +175,16 @@ class Span:
         return clause, params
 
 
-def spans(days: list[date], top: datetime | None = None, hi: datetime | None = None) -> Iterator[Span]:
+def spans(
+    days: list[date], top: datetime | None = None, hi: datetime | None = None, width: timedelta = FIRST_SPAN
+) -> Iterator[Span]:
     """The spans a list page asks in turn, newest first, each twice as long as the one before:
-    15 minutes below ``top`` (now, the page's ``until`` or the newest time in the newest day's
-    files, whichever is first: the first span has no upper bound) or that day's end, then 30,
-    an hour... A span that would reach past a day's start takes the rest of that day and as many
-    whole older days as its length covers (``days`` newest first, gaps allowed). ``hi``: the
-    first span ends there (a walk taken up again below a span already asked)."""
-    width, i = FIRST_SPAN, 0
+    ``width`` (15 minutes) below ``top`` (now, the page's ``until`` or the newest time in the
+    newest day's files, whichever is first: the first span has no upper bound) or that day's
+    end, then twice that... A span that would reach past a day's start takes the rest of that
+    day and as many whole older days as its length covers (``days`` newest first, gaps allowed).
+    ``hi``: the first span ends there (a walk taken up again below a span already asked)."""
+    i = 0
     while i < len(days):
         start = datetime.combine(days[i], datetime.min.time(), timezone.utc)
         edge = min(start + ONE_DAY, max(top or start + ONE_DAY, start))
@@ -196,6 +198,28 @@ def spans(days: list[date], top: datetime | None = None, hi: datetime | None = N
         whole = 1 + int((start - lo) / ONE_DAY)
         yield Span(days[i : i + whole], None, hi)
         hi, i = None, i + whole
+
+
+# Each span costs a query or two whatever its length (at 10M traces a team's reward filter took
+# 57 ms over 15 minutes, 61 over an hour, 100 over four), so a walk that has seen how often its
+# filters match sizes its next span to finish the page: at the rate seen, this many times the
+# time that should hold the matches still missing (not fewer than the doubling's, not more than
+# ``MAX_GROWTH`` times the span just asked, one match being a poor estimate).
+FINISH_MARGIN, MAX_GROWTH = 1.5, 16
+
+
+def _sized_to_finish(
+    days: list[date], span: Span, top: datetime, matched: int, missing: int, walk: Iterator[Span]
+) -> Iterator[Span]:
+    """The walk (from ``top``) on below ``span`` (``matched`` matches in it), its next span long
+    enough for ``missing`` more at that rate; ``walk`` itself where doubling reaches as far."""
+    # a span without an upper bound ends where spans() started it: at the top or its day's end
+    day_end = datetime.combine(span.days[0], datetime.min.time(), timezone.utc) + ONE_DAY
+    length = (span.hi or min(top, day_end)) - span.lo
+    width = min(max(length * missing / matched * FINISH_MARGIN, 2 * length), length * MAX_GROWTH)
+    if width <= 2 * length:
+        return walk
+    return spans([d for d in days if d <= span.lo.date()], span.lo, hi=span.lo, width=width)
 
 
 def _these_traces(found: list[dict], first: int) -> tuple[str, list]:
@@ -349,6 +373,8 @@ class Reader:
             found += matched
             if not matched and span.lo is not None and cheap[0]:
                 walk = self._skip_ahead(cheap, days, span, walk)
+            elif matched and span.lo is not None and len(found) < need:
+                walk = _sized_to_finish(days, span, top, len(matched), need - len(found), walk)
         wanted = found[page * size : (page + 1) * size]
         return self._page_rows(wanted), len(found) > (page + 1) * size
 

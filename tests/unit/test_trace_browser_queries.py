@@ -306,6 +306,43 @@ def test_a_record_is_found_by_the_day_its_id_names_or_beyond_it(burst):
     assert Reader(root, "red", 30).trace(gateway_id(END - timedelta(seconds=1), 0)) is None  # blue's
 
 
+@pytest.fixture(scope="module")
+def sparse(tmp_path_factory):
+    """A trace a minute for 400 minutes of one day, every fifth an error."""
+    root = tmp_path_factory.mktemp("ui-sparse")
+    writer = TraceWriter(root, "seed")
+    start = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    for i in range(400):
+        at = start + timedelta(minutes=i)
+        writer.submit(
+            {
+                "trace_id": gateway_id(at, i),
+                "team": "red",
+                "http_status": 200,
+                "time_received": at,
+                "error": "upstream 503" if i % 5 == 0 else None,
+            }
+        )
+    writer.close()
+    return str(root)
+
+
+def test_a_walk_that_has_seen_its_matches_rate_asks_a_span_long_enough_to_finish(sparse, monkeypatch):
+    """Every span costs a query whatever its length: after 3 errors in the first 15 minutes, the
+    48 still missing are asked in one span, not in the four doubling ones (30, 60, 120, 240 min)."""
+    expected = TraceStore(sparse).sql(
+        "SELECT trace_id FROM traces WHERE error IS NOT NULL ORDER BY time_received DESC, trace_id DESC"
+    )
+    expected = [r["trace_id"] for r in expected.to_pylist()]
+    asked = []
+    rows = Reader.rows
+    monkeypatch.setattr(Reader, "rows", lambda self, sql, *a, **k: asked.append(sql) or rows(self, sql, *a, **k))
+    page, more = Reader(sparse, "red", 30).traces(TraceFilters(status="error"), 0, 50)
+    assert [r["trace_id"] for r in page] == expected[:50] and more
+    assert sum("ORDER BY time_received DESC" in sql for sql in asked) == 2
+    assert all_pages(Reader(sparse, None, 30), TraceFilters(status="error"), 7) == expected  # 80, every page in order
+
+
 def test_a_teams_sql_runs_sealed_while_the_pages_statements_read_the_files(store, monkeypatch):
     """A team's pages are our statements, read through DuckDB's own reader with the team bound;
     the console's are the user's, run where no file can be opened, even with the guard bypassed."""
