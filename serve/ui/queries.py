@@ -21,7 +21,7 @@ from traces import rollups
 from traces.housekeeping import feedback_partitions, visible_files
 from traces.ids import id_days
 from traces.schema import FEEDBACK_VISIBLE_SQL, feedback_visible
-from traces.store import SnapshotGone, file_id_groups, newest_received, newest_that_may_match
+from traces.store import SnapshotGone, TraceStore, file_id_groups, newest_received, newest_that_may_match
 
 LIST_COLUMNS = """trace_id, time_received, gen_ai_request_model, checkpoint_version,
     gen_ai_conversation_id, env_id, http_status, error, finish_reason, gen_ai_usage_input_tokens,
@@ -306,7 +306,7 @@ class Reader:
     def __init__(self, traces_dir: str, team: str | None, timeout_s: float, limits: QueryLimits | None = None):
         self.traces_dir, self.team, self.timeout_s = traces_dir, team, timeout_s
         self.limits = limits or QueryLimits(timeout_s=timeout_s)
-        self._stores: dict[bool, object] = {}  # sealed or not -> its snapshot
+        self._stores: dict[bool, TraceStore] = {}  # sealed or not -> its snapshot
 
     def rows(self, sql: str, params: list | None = None, limit: int = 100_000) -> list[dict]:
         return self.table(sql, params, limit).to_pylist()
