@@ -40,6 +40,7 @@ LAYOUTS = (
     "date=*/*.parquet",
 )  # the first cut's layout (schema v1)
 VIEWS = ("traces", "traces_full", "sessions", "usage_by_team", "feedback", "rewards")
+OWN_VIEWS = ("traces", "feedback")  # what the trace browser's own statements read (an unsealed store)
 
 _FULL_SQL = """
 WITH RECURSIVE chain(trace_id, prompt_token_ids, seq) AS (
@@ -101,14 +102,17 @@ class TraceStore:
         a sandboxed caller bounds the process too, see ``serve.query_pool``). A sandboxed store
         spills at most ``max_spill_bytes`` into ``spill_dir`` (0 or no directory: never).
 
-        A team's store is sealed: its rows come through Arrow datasets filtered to the team and
-        DuckDB may open no file, whatever SQL it is sent. ``sealed=False`` is for statements we
-        write (the trace browser's pages), never a user's: the views filter the team's rows out
-        of DuckDB's own Parquet reader, which skips row groups by their Bloom filters and reads
-        a row's other columns only once its filters matched; an Arrow scan reads every projected
-        column of each row group it cannot skip before it filters."""
+        A store is sealed, fit for a user's SQL: every view is defined, and a team's rows come
+        through Arrow datasets filtered to the team, DuckDB opening no file, whatever SQL it is
+        sent. ``sealed=False`` is for statements we write (the trace browser's pages), never a
+        user's: only the views they read (``OWN_VIEWS``; each view costs its definition at every
+        snapshot), and a team's rows filtered out of DuckDB's own Parquet reader, which skips row
+        groups by their Bloom filters and reads a row's other columns only once its filters
+        matched; an Arrow scan reads every projected column of each row group it cannot skip
+        before it filters."""
         self.root = Path(root)
-        self.team, self.memory_limit, self.sealed = team, memory_limit, sealed and team is not None
+        self.team, self.memory_limit, self.sealed = team, memory_limit, sealed
+        self.arrow_scoped = sealed and team is not None
         self.spill_dir, self.max_spill_bytes = spill_dir, max_spill_bytes
         self.sandbox = sandbox or team is not None
         self.con = duckdb.connect(":memory:")
@@ -142,7 +146,7 @@ class TraceStore:
         # snapshot reads the same files: a glob would be expanded again at each query and could
         # see a compaction's output beside its inputs.
         current, legacy = trace_files(self.root)
-        if self.sealed:
+        if self.arrow_scoped:
             # A sealed team's connection holds nothing unfiltered: its rows come through an Arrow
             # dataset filtered to the team, and DuckDB itself may open no file at all, so no
             # name, table function or catalog trick can reach another team's rows.
@@ -176,12 +180,9 @@ class TraceStore:
         cols += [c for c in ("date", "model") if c in have]
         where = f" WHERE team = {sql_string(self.team)}" if self.team is not None else ""
         self.con.execute(f"CREATE OR REPLACE VIEW traces AS SELECT {', '.join(cols)} FROM _traces_raw{where}")
-        self.con.execute(f"CREATE OR REPLACE VIEW traces_full AS {_FULL_SQL}")
-        self.con.execute(f"CREATE OR REPLACE VIEW sessions AS {_SESSIONS_SQL}")
-        self.con.execute(f"CREATE OR REPLACE VIEW usage_by_team AS {_USAGE_SQL}")
         # bound as a list of files, as the traces are, so a compaction cannot show a row twice
         fb_files = [f for part in feedback_partitions(self.root) for f in visible_files(part)]
-        if self.sealed:
+        if self.arrow_scoped:
             self.con.register("_feedback_raw", _team_dataset(self.root, fb_files, FEEDBACK_SCHEMA, self.team, hive=False))
             fb = "SELECT * FROM _feedback_raw"
         elif fb_files:
@@ -195,10 +196,17 @@ class TraceStore:
         have = {r[0] for r in self.con.execute("DESCRIBE _feedback_any").fetchall()}
         cols = ", ".join(f.name if f.name in have else f"NULL::{_duck_type(f.type)} AS {f.name}" for f in FEEDBACK_SCHEMA)
         self.con.execute(f"CREATE OR REPLACE VIEW feedback AS SELECT {cols} FROM _feedback_any{where}")
-        self.con.execute(f"CREATE OR REPLACE VIEW rewards AS {_REWARDS_SQL}")
+        if self.sealed:  # the views over those two, for a user's SQL
+            for name, sql in (
+                ("traces_full", _FULL_SQL),
+                ("sessions", _SESSIONS_SQL),
+                ("usage_by_team", _USAGE_SQL),
+                ("rewards", _REWARDS_SQL),
+            ):
+                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
 
     def _lock_down(self) -> None:
-        if not self.sealed:  # the admin's sandbox (or an unsealed team's) reads the files themselves, and only those
+        if not self.arrow_scoped:  # the admin's sandbox (or an unsealed team's) reads the files themselves, and only those
             self.con.execute(f"SET allowed_directories = [{sql_string(str(self.root.resolve()) + '/')}]")
         self.con.execute(f"SET memory_limit = {sql_string(self.memory_limit)}")
         # DuckDB's default spills, unbounded, into a .tmp folder where the process was started
@@ -213,7 +221,7 @@ class TraceStore:
 
     def relation(self, query: str, params: list | None = None) -> duckdb.DuckDBPyRelation:
         if self.sandbox:
-            check_select(self.con, query, allowed_tables=set(VIEWS))
+            check_select(self.con, query, allowed_tables=set(VIEWS if self.sealed else OWN_VIEWS))
         return self.con.sql(query, params=params)
 
     def sql(self, query: str, limit: int | None = None, params: list | None = None) -> pa.Table:
