@@ -399,16 +399,20 @@ class Reader:
         older = [d for d in days if d <= span.days[0]]
         n = len(params)
         holes = ", ".join(f"${n + i + 2}" for i in range(len(older)))
+        # a top-1, not max(): DuckDB narrows a top-N's scan as it finds rows, and the views read
+        # the newest files first (at 100M traces a checkpoint's skip 99 ms against 186); the
+        # rows without a time sort first, so the one row says whether there are any
         got = self.rows(
-            f"SELECT max(time_received) AS newest, count(*) FILTER (WHERE time_received IS NULL) AS untimed FROM traces "
-            f"{where} AND (time_received < ${n + 1} OR time_received IS NULL) AND date IN ({holes})",
+            f"SELECT time_received FROM traces {where} AND (time_received < ${n + 1} OR time_received IS NULL) "
+            f"AND date IN ({holes}) ORDER BY time_received DESC NULLS FIRST LIMIT 1",
             [*params, span.lo, *older],
-        )[0]
-        if got["untimed"]:
-            return walk
-        if got["newest"] is None:
+        )
+        if not got:
             return iter(())
-        return spans([d for d in older if d <= got["newest"].date()], got["newest"], hi=span.lo)
+        newest = got[0]["time_received"]
+        if newest is None:
+            return walk
+        return spans([d for d in older if d <= newest.date()], newest, hi=span.lo)
 
     def _page_rows(self, wanted: list[dict]) -> list[dict]:
         if not wanted:
