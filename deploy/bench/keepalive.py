@@ -1,8 +1,8 @@
 """How often a client meets the server closing the idle connection it is about to reuse.
 
 httpx keeps an idle connection 5 s (its default ``keepalive_expiry``, and so the openai SDK's);
-uvicorn closes one after 5 s idle (its default ``timeout_keep_alive``, which the gateway runs
-with, ``serve/__main__.py``). A request sent on a connection in the last moments of both is
+uvicorn closes one after 5 s idle (its default ``timeout_keep_alive``, which the gateway ran
+with until it got ``gateway.keep_alive_s``, 75 s). A request sent on a connection in the last moments of both is
 written to a socket the server is closing. Each round: ``--clients`` clients each send a request,
 idle 4.90-5.00 s, and send another on the same connection; the failures are counted for each
 ``--keep-alive`` of the server, side by side in one run. Nothing here is the gateway: a bare ASGI

@@ -13,15 +13,10 @@ import time
 import httpx
 
 from serve.config import GatewayConfig
+from tests.conftest import free_port
 
 IDLE_S = 6.0  # past the 5 s at which both uvicorn's default and httpx's expiry end a connection
 REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _healthy(port: int) -> bool:
