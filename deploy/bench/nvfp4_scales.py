@@ -1,0 +1,101 @@
+"""How close each way of choosing NVFP4's block scales comes to the data, in the same bytes,
+side by side on the same rows (the 512 latent values of an MLA row: kernels/nvfp4.py):
+
+    .venv/bin/python -m deploy.bench.nvfp4_scales [--rows 4096] [--seed 0]
+
+- ``amax``: the block's largest value mapped to 6, as the hardware's conversion does;
+- ``mse``: the rule the cache can use (``scale_rule="mse"``): the 17 e4m3 scales around amax's;
+- ``every e4m3 scale``: each block's best of all 126 positive e4m3 scales. No choice of block
+  scales stored in these bytes can do better: this is the format's floor on the data;
+- ``mse, global scale swept``: the mse rule under the global scale x 2^(k/16), k = -8..8, the
+  best of them (the global scale places every block on the e4m3 grid at once);
+- ``fp32 block scales``: each block's best real scale (steps of 2^(1/128) around amax's), which
+  no e4m3 byte holds: what the e4m3 grid of scales costs, not a rule the cache could use.
+
+Rows: standard normal (the figure the issue gives: amax 0.095), and Student-t with 3 degrees of
+freedom (outliers, as real keys have). Relative error is ||read back - x|| / ||x||.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from kernels.nvfp4 import BLOCK, E2M1_MAX, dequantize, e2m1_codes, e2m1_decode, global_scale_for, quantize, round_blocks
+
+E4M3_CODES = range(1, 0x7F)  # the positive finite e4m3 values, in order (0x7F is NaN)
+
+
+def relative(x: torch.Tensor, block_errors: torch.Tensor) -> float:
+    return (block_errors.sum().sqrt() / x.norm()).item()
+
+
+def rule_error(x: torch.Tensor, rule: str, g: torch.Tensor | None = None) -> float:
+    return ((dequantize(quantize(x, g, rule)) - x).norm() / x.norm()).item()
+
+
+def every_e4m3_scale(x: torch.Tensor) -> float:
+    blocks, g = x.reshape(*x.shape[:-1], -1, BLOCK), global_scale_for(x)
+    best = None
+    for code in E4M3_CODES:
+        err = round_blocks(blocks, g, torch.full(blocks.shape[:-1], code, dtype=torch.uint8))[1]
+        best = err if best is None else torch.minimum(best, err)
+    return relative(x, best)
+
+
+def swept_global_scale(x: torch.Tensor) -> tuple[float, float]:
+    """The mse rule's least error over global scales x 2^(k/16), and the factor that gave it."""
+    g = global_scale_for(x)
+    return min((rule_error(x, "mse", g * 2 ** (k / 16)), 2 ** (k / 16)) for k in range(-8, 9))
+
+
+def fp32_block_scales(x: torch.Tensor) -> float:
+    blocks = x.reshape(*x.shape[:-1], -1, BLOCK)
+    amax_scale = blocks.abs().amax(-1) / E2M1_MAX
+    best = None
+    for step in range(-192, 193):  # 2^-1.5 .. 2^1.5 of amax's scale, as far as mse's search reaches and more
+        scale = amax_scale * 2 ** (step / 128)
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        err = ((e2m1_decode(e2m1_codes(blocks / safe.unsqueeze(-1))) * scale.unsqueeze(-1) - blocks) ** 2).sum(-1)
+        best = err if best is None else torch.minimum(best, err)
+    return relative(x, best)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=4096, help="rows of 512 latent values")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.rows < 1:
+        raise SystemExit("--rows takes a positive number of rows")
+    torch.manual_seed(args.seed)
+    data = {
+        "normal": torch.randn(args.rows, 512),
+        "student-t(3)": torch.distributions.StudentT(3.0).sample((args.rows, 512)),
+    }
+    print(f"{args.rows} rows x 512 values, seed {args.seed}; relative error of the values read back")
+    print(f"{'block scales':<28} " + " ".join(f"{name:>13}" for name in data) + "   seconds")
+    swept: dict[str, tuple[float, float]] = {}
+
+    def sweep(name: str, x: torch.Tensor) -> float:
+        swept[name] = swept_global_scale(x)
+        return swept[name][0]
+
+    rows = [
+        ("amax", lambda name, x: rule_error(x, "amax")),
+        ("mse (17 e4m3 scales)", lambda name, x: rule_error(x, "mse")),
+        ("every e4m3 scale (floor)", lambda name, x: every_e4m3_scale(x)),
+        ("mse, global scale swept", sweep),
+        ("fp32 block scales (bound)", lambda name, x: fp32_block_scales(x)),
+    ]
+    for label, measure in rows:
+        t0 = time.monotonic()
+        errors = [measure(name, x) for name, x in data.items()]
+        print(f"{label:<28} " + " ".join(f"{e:>13.4f}" for e in errors) + f"   {time.monotonic() - t0:>7.2f}")
+    print("the sweep's best global scale: " + ", ".join(f"{name} x{f:.3f}" for name, (_, f) in swept.items()))
+
+
+if __name__ == "__main__":
+    main()
