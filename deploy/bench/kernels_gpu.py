@@ -2,10 +2,11 @@
 
     python -m deploy.bench.kernels_gpu            # needs CUDA + triton; prints one JSON object
 
-Correctness: NVFP4 rows round-trip on the GPU exactly as on the CPU reference, and the Triton
-sparse-MLA decode matches the torch reference. Timings (CUDA events, median of 20): quantising
-rows, and the sparse decode at 15 / 20 / 35 query tokens over 2,048 selected rows per token,
-next to the same attention on FP8 rows (decode after an FP8 -> fp32 upcast in torch).
+Correctness: NVFP4 rows (either scale rule) are packed on the GPU exactly as on the CPU
+reference, and the Triton sparse-MLA decode matches the torch reference. Timings (CUDA events,
+median of 20): packing rows by the amax rule and by the mse rule's search, and the sparse decode
+at 15 / 20 / 35 query tokens over 2,048 selected rows per token, next to the same attention on
+FP8 rows (decode after an FP8 -> fp32 upcast in torch).
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def main() -> None:
         "device": torch.cuda.get_device_name(),
         "rows_bitexact_vs_cpu": bool(torch.equal(rows.data.cpu(), cpu_rows.data)),
         "quantize_ms_200k_rows": timed(lambda: pack_rows(kv, rows.latent_scale, rows.rope_scale)),
+        # the mse rule's 17 roundings, on the cache's write path if a deployment chose it
+        "mse_rows_bitexact_vs_cpu": bool(
+            torch.equal(
+                pack_rows(kv, rows.latent_scale, rows.rope_scale, "mse").data.cpu(),
+                pack_rows(kv.cpu(), cpu_rows.latent_scale, cpu_rows.rope_scale, "mse").data,
+            )
+        ),
+        "quantize_mse_ms_200k_rows": timed(lambda: pack_rows(kv, rows.latent_scale, rows.rope_scale, "mse")),
     }
     fp8 = kv.to(torch.float8_e4m3fn)
     for t in (15, 20, 35):
