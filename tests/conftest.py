@@ -17,6 +17,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def healthy(port: int) -> bool:
+    """Whether a gateway on this loopback port answers its /health with 200 now."""
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 class RedisServer:
     """A real redis-server on loopback, stopped and restarted by PID (for outage tests)."""
 

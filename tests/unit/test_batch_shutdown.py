@@ -3,7 +3,6 @@ every line exactly once: lines answered before the stop are not sent to the depl
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,15 +11,10 @@ from collections import Counter
 import httpx
 
 from serve.config import BatchConfig, Deployment, GatewayConfig, ModelRoute
+from tests.conftest import free_port, healthy
 
 N = 40
 ADMIN = {"Authorization": "Bearer adm"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_gateway(tmp_path, upstream_url: str, port: int) -> subprocess.Popen:
@@ -36,15 +30,8 @@ def start_gateway(tmp_path, upstream_url: str, port: int) -> subprocess.Popen:
     path = tmp_path / "gateway.json"
     path.write_text(cfg.model_dump_json())
     proc = subprocess.Popen([sys.executable, "-m", "serve", "--config", str(path)])
-    wait_for(lambda: proc.poll() is None and _healthy(port), 60)
+    wait_for(lambda: proc.poll() is None and healthy(port), 60)
     return proc
-
-
-def _healthy(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def wait_for(check, timeout_s=30.0):

@@ -5,7 +5,6 @@ has passed."""
 import base64
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -21,6 +20,7 @@ import pytest
 from deploy.stack import drain
 from deploy.stack.drain import Drains, leave_etcd_routing, leave_routing, worker_load
 from deploy.stack.frontend_instances import routes_to
+from tests.conftest import free_port
 
 WORKER, OTHER = "fbbd4dfd8208bc3", "9020d75a8eb7a543"
 
@@ -162,10 +162,7 @@ def test_a_drain_ends_at_its_timeout_or_when_the_worker_stops_answering(discover
 @pytest.fixture
 def etcd(tmp_path):
     """A real etcd (Debian's etcd-server) on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{free_port()}"
     argv = [shutil.which("etcd") or "etcd", "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls", url]
     argv += ["--advertise-client-urls", url, "--listen-peer-urls", "http://127.0.0.1:0"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -10,20 +10,12 @@ import subprocess
 import sys
 import time
 
-import httpx
 
 from serve.config import GatewayConfig
-from tests.conftest import free_port
+from tests.conftest import free_port, healthy
 
 IDLE_S = 6.0  # past the 5 s at which both uvicorn's default and httpx's expiry end a connection
 REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-
-
-def _healthy(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _answer(conn: socket.socket) -> bytes:
@@ -55,7 +47,7 @@ def test_a_connection_idle_past_the_clients_expiry_still_serves(tmp_path):
     )
     try:
         deadline = time.monotonic() + 120
-        while not _healthy(port):
+        while not healthy(port):
             assert gateway.poll() is None, (tmp_path / "gateway.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "the gateway did not start"
             time.sleep(0.1)

@@ -3,7 +3,6 @@
 gateway is a real uvicorn server, so a client leaving mid-stream is a real disconnect."""
 
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -147,12 +146,6 @@ def breaker_state(url: str) -> str:
     return httpx.get(f"{url}/health").json()["breakers"]["d"]
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens once this closes
-
-
 # mode -> (request extras, the outcome, the breaker after it: one failure in one opens it)
 CASES = {
     "stream": ({"stream": True}, Outcome.OK, "closed"),
@@ -175,7 +168,7 @@ CASES = {
 def test_breaker_metrics_and_trace_agree_on_how_it_ended(mode, upstream, tmp_path):
     extras, expected, breaker = CASES[mode]
     upstream.mode = mode
-    url = f"http://127.0.0.1:{closed_port() if mode == 'unreachable' else upstream.server_address[1]}"
+    url = f"http://127.0.0.1:{free_port() if mode == 'unreachable' else upstream.server_address[1]}"
     cfg = GatewayConfig(
         port=free_port(),
         deployments=[Deployment(name="d", url=url)],
