@@ -19,47 +19,30 @@ import asyncio
 import json
 import multiprocessing
 import time
-from collections import deque
 from datetime import datetime, timezone
 
 from deploy.bench import pct
-from deploy.bench.raw_client import RawConnection, connect, post_bytes
+from deploy.bench.raw_client import RawConnection, open_loop, post_bytes
 from deploy.stack.config import load_config
 from traces.store import TraceStore
 
 
 async def load(gateway: str, rate: float, seconds: float, answered: dict[str, float]) -> int:
-    """Unary requests at ``rate`` for ``seconds``, open loop (a request that finds no free
-    connection opens one), over raw keep-alive connections: httpx's pool stalled this bench
-    itself near 1,000 requests a second. Returns the errors."""
+    """Unary requests at ``rate`` for ``seconds``, open loop, over raw keep-alive connections:
+    httpx's pool stalled this bench itself near 1,000 requests a second. Returns the errors."""
     url = f"{gateway}/v1/chat/completions"
     request = post_bytes(url, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-    idle, tally = deque(), {"errors": 0, "pending": 0}
+    errors = 0
 
     def on_answer(conn: RawConnection, status: int, headers: dict[str, str], body: bytes) -> None:
-        tally["pending"] -= 1
+        nonlocal errors
         if status == 200 and "x-trace-id" in headers:
             answered[headers["x-trace-id"]] = time.monotonic()
-        else:
-            tally["errors"] += 1
-        if status:
-            idle.append(conn)
+        elif status:  # a lost one is counted by open_loop
+            errors += 1
 
-    idle.extend([await connect(url, on_answer) for _ in range(int(rate // 5) or 1)])
-    n, start = int(rate * seconds), time.monotonic()
-    for i in range(n):
-        delay = start + i / rate - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        conn = idle.popleft() if idle else await connect(url, on_answer)
-        tally["pending"] += 1
-        conn.send(request)
-    deadline = time.monotonic() + 120
-    while tally["pending"] > 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    for conn in idle:
-        conn.transport.close()
-    return tally["errors"] + tally["pending"]
+    unanswered = await open_loop(url, request, rate, seconds, on_answer)
+    return errors + unanswered
 
 
 def watch(root, since: datetime, ready, stop, results) -> None:

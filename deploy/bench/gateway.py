@@ -7,7 +7,7 @@ relay in front of it, side by side.
                             # context must hold it (flywheel up -p sim --set worker.max_model_len=262144)
         [--api responses|messages]  # the same conversation through that API's route in place
                                     # of the minimal relay: what its translation adds over chat
-    .venv/bin/python -m deploy.bench.gateway --canned [--rates 100,200] [--tokens 16]
+    .venv/bin/python -m deploy.bench.gateway --canned [--rates 100,200] [--alone-rates 100,500,1000] [--tokens 16]
         # no stack: a gateway of its own (default config, capture on) and the minimal relay in
         # front of deploy/bench/canned_upstream.py, which answers at once; then the gateway
         # alone, as fast as it answers, to check the ceiling its CPU per request projects
@@ -26,8 +26,9 @@ direct column first.
 With ``--canned`` the deployment is a stand-in that streams the same answer at once, so the
 gateway is what saturates: the gateway (its trace mover included) runs on core 0, the stand-in,
 the relay and this load on core 1. Besides the rates, it prints the ceiling the gateway's CPU per
-request projects (requests a second per core) and what the gateway actually answered with
-``--saturate`` streams kept open against it alone.
+request projects (requests a second per core), the gateway's CPU per request with it alone at
+fixed rates (``--alone-rates``, open loop: each path above gets a third of ``--rates``), and what
+it actually answered with ``--saturate`` streams kept open against it alone.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import time
 import httpx
 
 from deploy.bench import pct
-from deploy.bench.raw_client import RawConnection, connect, post_bytes
+from deploy.bench.raw_client import RawConnection, connect, open_loop, post_bytes
 from deploy.stack.config import load_config
 from deploy.stack.processes import ProcessManager, cpu_seconds, group_pids
 from traces.store import TraceStore
@@ -163,6 +164,30 @@ async def saturate(url: str, body: dict, streams: int, seconds: float, pid: int)
     }
 
 
+async def alone_at(url: str, body: dict, rate: float, seconds: float, pid: int) -> dict:
+    """The gateway alone at a fixed ``rate`` (open loop, raw connections: httpx could not offer
+    1,000 streamed requests a second from one core): what it answered and the CPU of ``pid``'s
+    process group, the trace mover included, per answer."""
+    tally = {"answered": 0, "errors": 0}
+
+    def on_answer(conn: RawConnection, status: int, headers: dict[str, str], data: bytes) -> None:
+        if status:
+            tally["answered" if status == 200 and b"data: [DONE]" in data else "errors"] += 1
+
+    cpu_before, own_before, start = group_cpu_s(pid), cpu_seconds(pid), time.perf_counter()
+    unanswered = await open_loop(url, post_bytes(url, body), rate, seconds, on_answer)
+    wall, cpu, own = time.perf_counter() - start, group_cpu_s(pid) - cpu_before, cpu_seconds(pid) - own_before
+    per_request = 1000 / max(tally["answered"], 1)
+    return {
+        "rate": rate,
+        "answered": tally["answered"],
+        "errors": tally["errors"] + unanswered,
+        "cpu_ms_per_request": round(cpu * per_request, 3),
+        "mover_cpu_ms_per_request": round((cpu - own) * per_request, 3),  # its child: a fixed cost per segment
+        "core_share": round(cpu / wall, 2),
+    }
+
+
 def start_canned(tokens: int, port: int, workdir: str) -> tuple[dict[str, str], dict[str, subprocess.Popen]]:
     """The stand-in deployment (``port``), a gateway with a default config in front of it
     (``port + 1``, traces under ``workdir``) and the minimal relay (``port + 2``), each in a
@@ -227,6 +252,9 @@ def canned_main(args: argparse.Namespace) -> None:
             pids = {"gw": procs["gw"].pid, "relay": procs["relay"].pid}
             warm = asyncio.run(run_rate(urls, 10, 2, bodies))
             rows = [asyncio.run(run_rate(urls, float(r), args.seconds, bodies, pids)) for r in args.rates.split(",")]
+            alone = [
+                asyncio.run(alone_at(urls["gw"], chat, float(r), args.seconds, pids["gw"])) for r in args.alone_rates.split(",")
+            ]
             full = {"gw": asyncio.run(saturate(urls["gw"], chat, args.saturate, args.seconds, pids["gw"]))}
             for tid in os.listdir(f"/proc/{pids['relay']}/task"):  # the relay gets the gateway's core for its turn
                 os.sched_setaffinity(int(tid), {0})
@@ -234,14 +262,25 @@ def canned_main(args: argparse.Namespace) -> None:
         finally:
             stop_all(procs)  # the gateway converts what its spool holds as it stops
         # capture was on: every answer the gateway sent [DONE] for is a row in Parquet
-        answered = warm["answered_gw"] + sum(r["answered_gw"] for r in rows) + full["gw"]["answered"]
+        answered = warm["answered_gw"] + sum(r["answered_gw"] for r in rows) + sum(a["answered"] for a in alone)
+        answered += full["gw"]["answered"]
         stored = TraceStore(os.path.join(workdir, "traces")).count()
-    print(json.dumps({"rates": rows, "saturated": full, "gateway_answers": answered, "trace_rows_stored": stored}, indent=2))
+    print(
+        json.dumps(
+            {"rates": rows, "alone": alone, "saturated": full, "gateway_answers": answered, "trace_rows_stored": stored}, indent=2
+        )
+    )
     for r in rows:
         gw_ms, relay_ms = r["cpu_ms_per_request_gw"], r["cpu_ms_per_request_relay"]
         print(
             f"{r['rate']:.0f}/s ({r['errors']} errors): CPU ms per streamed request of {args.tokens} tokens: gateway "
             f"{gw_ms:.2f}, the minimal relay {relay_ms:.2f}; projected ceiling {1000 / gw_ms:.0f} requests/s per core"
+        )
+    for a in alone:
+        print(
+            f"the gateway alone at {a['rate']:.0f}/s: {a['answered']} answered ({a['errors']} errors) on "
+            f"{a['core_share']:.2f} of a core, {a['cpu_ms_per_request']:.2f} ms CPU per streamed request of {args.tokens} tokens "
+            f"({a['mover_cpu_ms_per_request']:.2f} of it the trace mover's)"
         )
     for p, name in (("gw", "the gateway"), ("relay", "the minimal relay")):
         f = full[p]
@@ -302,6 +341,9 @@ def main() -> None:
     )
     ap.add_argument("--canned-port", type=int, default=8310, help="--canned: the stand-in's port (the gateway +1, the relay +2)")
     ap.add_argument("--saturate", type=int, default=32, help="--canned: streams kept open against the gateway alone")
+    ap.add_argument(
+        "--alone-rates", default="100,500,1000", help="--canned: fixed rates at which the gateway alone is loaded (open loop)"
+    )
     args = ap.parse_args()
     if args.canned:
         canned_main(args)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections import deque
 from collections.abc import Callable
 
 import httpx
@@ -76,3 +78,36 @@ async def connect(url: str, on_answer: OnAnswer) -> RawConnection:
     parts = httpx.URL(url)
     _, conn = await asyncio.get_running_loop().create_connection(lambda: RawConnection(on_answer), parts.host, parts.port)
     return conn
+
+
+async def open_loop(url: str, request: bytes, rate: float, seconds: float, on_answer: OnAnswer, wait_s: float = 120) -> int:
+    """``request`` sent at ``rate`` a second for ``seconds``, open loop: on schedule whether or not
+    earlier ones were answered (one that finds no idle connection opens another). ``on_answer``
+    hears each answer. Returns how many were never answered (their connection lost, or still
+    unanswered ``wait_s`` after the last was sent)."""
+    idle: deque[RawConnection] = deque()
+    tally = {"pending": 0, "lost": 0}
+
+    def answered(conn: RawConnection, status: int, headers: dict[str, str], body: bytes) -> None:
+        tally["pending"] -= 1
+        if status:
+            idle.append(conn)
+        else:
+            tally["lost"] += 1
+        on_answer(conn, status, headers, body)
+
+    idle.extend([await connect(url, answered) for _ in range(int(rate // 5) or 1)])
+    n, start = int(rate * seconds), time.monotonic()
+    for i in range(n):
+        delay = start + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        conn = idle.popleft() if idle else await connect(url, answered)
+        tally["pending"] += 1
+        conn.send(request)
+    deadline = time.monotonic() + wait_s
+    while tally["pending"] > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    for conn in idle:
+        conn.transport.close()
+    return tally["lost"] + tally["pending"]
