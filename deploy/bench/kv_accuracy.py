@@ -124,7 +124,7 @@ def comparison(results: dict[int, dict[str, dict]], base: str = "nvfp4", other: 
     return "\n".join(lines)
 
 
-def plot(results: dict[int, dict[str, dict[str, float]]], path: Path, title: str) -> None:
+def plot(results: dict[int, dict[str, dict]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
