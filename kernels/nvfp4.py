@@ -82,7 +82,12 @@ ScaleRule = Literal["amax", "mse"]
 def round_blocks(blocks: torch.Tensor, g: torch.Tensor, bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``blocks`` [..., 16] under the e4m3 block scales ``bits`` [...] (x the global scale ``g``):
     each value's nearest code, and each block's squared error once read back."""
-    eff = bits.view(torch.float8_e4m3fn).float() * g
+    return round_under(blocks, bits.view(torch.float8_e4m3fn).float() * g)
+
+
+def round_under(blocks: torch.Tensor, eff: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``blocks`` [..., 16] under the real scales ``eff`` [...] (0: the block reads back as 0):
+    each value's nearest code, and each block's squared error once read back."""
     safe = torch.where(eff > 0, eff, torch.ones_like(eff))
     codes = e2m1_codes(blocks / safe.unsqueeze(-1))
     codes = torch.where((eff > 0).unsqueeze(-1), codes, torch.zeros_like(codes))

@@ -135,6 +135,11 @@ async def run_rate(
     return row
 
 
+def finished(status: int, data: bytes) -> bool:
+    """A streamed answer that ended as it should: a 200 that sent ``[DONE]``."""
+    return status == 200 and b"data: [DONE]" in data
+
+
 async def saturate(url: str, body: dict, streams: int, seconds: float, pid: int) -> dict:
     """``streams`` connections against one server alone (the gateway, or the relay), each
     sending its next request as soon as its last answer ended, for ``seconds``: what it
@@ -143,7 +148,7 @@ async def saturate(url: str, body: dict, streams: int, seconds: float, pid: int)
     cpu_before, start = group_cpu_s(pid), time.perf_counter()
 
     def answered(conn: RawConnection, status: int, headers: dict[str, str], data: bytes) -> None:
-        tally["answered" if status == 200 and b"data: [DONE]" in data else "errors"] += 1
+        tally["answered" if finished(status, data) else "errors"] += 1
         if status and time.perf_counter() < start + seconds:
             conn.send(request)
         else:
@@ -172,7 +177,7 @@ async def alone_at(url: str, body: dict, rate: float, seconds: float, pid: int) 
 
     def on_answer(conn: RawConnection, status: int, headers: dict[str, str], data: bytes) -> None:
         if status:
-            tally["answered" if status == 200 and b"data: [DONE]" in data else "errors"] += 1
+            tally["answered" if finished(status, data) else "errors"] += 1
 
     cpu_before, own_before, start = group_cpu_s(pid), cpu_seconds(pid), time.perf_counter()
     unanswered = await open_loop(url, post_bytes(url, body), rate, seconds, on_answer)

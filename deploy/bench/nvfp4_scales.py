@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from kernels.nvfp4 import BLOCK, E2M1_MAX, dequantize, e2m1_codes, e2m1_decode, global_scale_for, quantize, round_blocks
+from kernels.nvfp4 import BLOCK, E2M1_MAX, dequantize, global_scale_for, quantize, round_blocks, round_under
 
 E4M3_CODES = range(1, 0x7F)  # the positive finite e4m3 values, in order (0x7F is NaN)
 
@@ -56,9 +56,7 @@ def fp32_block_scales(x: torch.Tensor) -> float:
     amax_scale = blocks.abs().amax(-1) / E2M1_MAX
     best = None
     for step in range(-192, 193):  # 2^-1.5 .. 2^1.5 of amax's scale, as far as mse's search reaches and more
-        scale = amax_scale * 2 ** (step / 128)
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        err = ((e2m1_decode(e2m1_codes(blocks / safe.unsqueeze(-1))) * scale.unsqueeze(-1) - blocks) ** 2).sum(-1)
+        err = round_under(blocks, amax_scale * 2 ** (step / 128))[1]
         best = err if best is None else torch.minimum(best, err)
     return relative(x, best)
 
