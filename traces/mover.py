@@ -37,6 +37,12 @@ from traces.schema import SPOOL_HEADER, rows_to_table, to_row
 from traces.spool import converted_name, read_segment
 
 _LENGTH = struct.Struct("<I")
+# A file of fewer rows than this is written without dictionary pages. Each column's dictionary is
+# tried, then given up where values do not repeat, and a small file pays that in full: 100 rows
+# took 34 against 23 us a row and came out 22 % larger; 1,000 rows 10.8-12.5 against 6.4-8.1
+# us and 12-23 % larger (rows that do not repeat within the file). Bigger segments, as at tens
+# of thousands of rows a second, keep them: where rows repeat they halve the file.
+DICTIONARY_MIN_ROWS = 1000
 _encoder, _decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
 
 # (partition directory, file name, the trace ids in it: empty unless asked for)
@@ -88,10 +94,14 @@ def convert_segment(root: Path, instance: str, segment: Path, want_ids: bool) ->
         # the pid: a mover of a gateway that was killed may still be writing this segment's
         # file while the next gateway replays it
         tmp = part / f".{name}.{os.getpid()}.tmp"
-        pq.write_table(part_rows, tmp, compression="zstd")
+        write_parquet(part_rows, tmp)
         seal(tmp, part / name)
         outputs.append((str(part), name, part_rows.column("trace_id").to_pylist() if want_ids else []))
     return len(rows), outputs
+
+
+def write_parquet(rows: pa.Table, where) -> None:
+    pq.write_table(rows, where, compression="zstd", use_dictionary=rows.num_rows >= DICTIONARY_MIN_ROWS)
 
 
 def partitions(table: pa.Table):
@@ -189,7 +199,7 @@ def warm_up() -> None:
     the zstd codec (~0.3 s), time a segment waiting for it would spend late."""
     table = rows_to_table(SPOOL_HEADER["fields"], [to_row({"trace_id": "warm-up", "gen_ai_request_model": "warm-up"})])
     for _, rows in partitions(table):
-        pq.write_table(rows, pa.BufferOutputStream(), compression="zstd")
+        write_parquet(rows, pa.BufferOutputStream())
 
 
 def serve(requests, replies) -> None:
