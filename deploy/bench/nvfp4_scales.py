@@ -27,9 +27,10 @@ import time
 
 import torch
 
-from kernels.nvfp4 import BLOCK, E2M1_MAX, dequantize, global_scale_for, quantize, round_blocks, round_under
+from kernels.nvfp4 import BLOCK, E2M1_MAX, dequantize, global_scale_for, quantize, round_under
 
-E4M3_CODES = range(1, 0x7F)  # the positive finite e4m3 values, in order (0x7F is NaN)
+# the positive finite e4m3 values, in order (0x7F is NaN)
+E4M3_VALUES = torch.arange(1, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
 
 
 def relative(x: torch.Tensor, block_errors: torch.Tensor) -> float:
@@ -40,13 +41,28 @@ def rule_error(x: torch.Tensor, rule: str, g: torch.Tensor | None = None) -> flo
     return ((dequantize(quantize(x, g, rule)) - x).norm() / x.norm()).item()
 
 
-def every_e4m3_scale(x: torch.Tensor) -> float:
-    blocks, g = x.reshape(*x.shape[:-1], -1, BLOCK), global_scale_for(x)
-    best = None
-    for code in E4M3_CODES:
-        err = round_blocks(blocks, g, torch.full(blocks.shape[:-1], code, dtype=torch.uint8))[1]
+def blocks_of(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(*x.shape[:-1], -1, BLOCK)
+
+
+def least_error(x: torch.Tensor, scales) -> float:
+    """``x``'s relative error when each block reads back under whichever of ``scales`` (each a
+    tensor of real block scales) comes closest to it."""
+    blocks, best = blocks_of(x), None
+    for eff in scales:
+        err = round_under(blocks, eff)[1]
         best = err if best is None else torch.minimum(best, err)
     return relative(x, best)
+
+
+def on_grid(x: torch.Tensor, values: torch.Tensor):
+    """Every block of ``x`` under each of ``values`` (x its global scale), one at a time."""
+    g, shape = global_scale_for(x), blocks_of(x).shape[:-1]
+    return (torch.full(shape, v) * g for v in values.tolist())
+
+
+def every_e4m3_scale(x: torch.Tensor) -> float:
+    return least_error(x, on_grid(x, E4M3_VALUES))
 
 
 def swept_global_scale(x: torch.Tensor) -> tuple[float, float]:
@@ -56,23 +72,14 @@ def swept_global_scale(x: torch.Tensor) -> tuple[float, float]:
 
 
 def one_more_scale_bit(x: torch.Tensor) -> float:
-    blocks, g = x.reshape(*x.shape[:-1], -1, BLOCK), global_scale_for(x)
-    e4m3 = torch.tensor(list(E4M3_CODES), dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-    best = None
-    for scale in torch.cat([e4m3, (e4m3[1:] + e4m3[:-1]) / 2]).tolist():
-        err = round_under(blocks, torch.full(blocks.shape[:-1], scale) * g)[1]
-        best = err if best is None else torch.minimum(best, err)
-    return relative(x, best)
+    midpoints = (E4M3_VALUES[1:] + E4M3_VALUES[:-1]) / 2
+    return least_error(x, on_grid(x, torch.cat([E4M3_VALUES, midpoints])))
 
 
 def fp32_block_scales(x: torch.Tensor) -> float:
-    blocks = x.reshape(*x.shape[:-1], -1, BLOCK)
-    amax_scale = blocks.abs().amax(-1) / E2M1_MAX
-    best = None
-    for step in range(-192, 193):  # 2^-1.5 .. 2^1.5 of amax's scale, as far as mse's search reaches and more
-        err = round_under(blocks, amax_scale * 2 ** (step / 128))[1]
-        best = err if best is None else torch.minimum(best, err)
-    return relative(x, best)
+    amax_scale = blocks_of(x).abs().amax(-1) / E2M1_MAX
+    # 2^-1.5 .. 2^1.5 of amax's scale, as far as mse's search reaches and more
+    return least_error(x, (amax_scale * 2 ** (step / 128) for step in range(-192, 193)))
 
 
 def main() -> None:
